@@ -1,0 +1,307 @@
+//! The commands a client can send, parsed once at the edge into one enum.
+//!
+//! Text commands come from [`parse_line`]; JSON-lines commands (see `json.rs`)
+//! map onto the same variants, so dispatch has one `match` for both.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::ClientError;
+use crate::names::{JobId, Tube, client_id, parse_u32, parse_u64};
+
+/// One parsed command, with every argument validated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// `put`, or JSON `add`. `tube: None` means the connection's used tube.
+    Put {
+        /// Lower is more urgent.
+        pri: u32,
+        /// Seconds before the job becomes ready.
+        delay: u32,
+        /// Seconds a reserver has before the job comes back.
+        ttr: u32,
+        /// The client-chosen id, if any.
+        id: Option<Arc<str>>,
+        /// The tube to put into instead of the used one (JSON `topic`).
+        tube: Option<Tube>,
+        /// The job's body.
+        body: Bytes,
+    },
+    /// `use <tube>`.
+    Use(Tube),
+    /// `reserve`, `reserve-with-timeout`, or JSON `pop`.
+    Reserve {
+        /// Seconds to wait; `None` waits for as long as it takes.
+        timeout: Option<u32>,
+        /// Reserve from this tube only instead of the watch list (JSON `topic`).
+        tube: Option<Tube>,
+    },
+    /// `reserve-job <id>`.
+    ReserveJob(JobId),
+    /// `delete <id>`.
+    Delete(JobId),
+    /// `finish <id>` (extension): delete a job this connection has reserved.
+    Finish(JobId),
+    /// `release <id> <pri> <delay>`.
+    Release {
+        /// The job.
+        id: JobId,
+        /// Its new priority.
+        pri: u32,
+        /// Seconds before it is ready again.
+        delay: u32,
+    },
+    /// `bury <id> <pri>`.
+    Bury {
+        /// The job.
+        id: JobId,
+        /// Its new priority.
+        pri: u32,
+    },
+    /// `touch <id>`.
+    Touch(JobId),
+    /// `watch <tube>`.
+    Watch(Tube),
+    /// `ignore <tube>`.
+    Ignore(Tube),
+    /// `peek <id>`.
+    Peek(JobId),
+    /// `peek-ready`.
+    PeekReady,
+    /// `peek-delayed`.
+    PeekDelayed,
+    /// `peek-buried`.
+    PeekBuried,
+    /// `kick <bound>`.
+    Kick(u64),
+    /// `kick-job <id>`.
+    KickJob(JobId),
+    /// `stats-job <id>`.
+    StatsJob(JobId),
+    /// `stats-tube <tube>`.
+    StatsTube(Tube),
+    /// `stats`.
+    Stats,
+    /// `list-tubes`.
+    ListTubes,
+    /// `list-tube-used`.
+    ListTubeUsed,
+    /// `list-tubes-watched`.
+    ListTubesWatched,
+    /// `pause-tube <tube> <delay>`.
+    PauseTube(Tube, u32),
+    /// `quit`.
+    Quit,
+}
+
+/// The header of a `put` line: the body follows on the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PutHeader {
+    /// Priority.
+    pub pri: u32,
+    /// Delay in seconds.
+    pub delay: u32,
+    /// Time to run in seconds.
+    pub ttr: u32,
+    /// Length of the body that follows, without its CRLF.
+    pub bytes: u64,
+    /// Client-chosen id, if given.
+    pub id: Option<Arc<str>>,
+}
+
+impl PutHeader {
+    /// Completes the command once the body has been read.
+    pub fn with_body(self, body: Bytes) -> Command {
+        Command::Put {
+            pri: self.pri,
+            delay: self.delay,
+            ttr: self.ttr,
+            id: self.id,
+            tube: None,
+            body,
+        }
+    }
+}
+
+/// What a text command line turned out to be.
+#[derive(Debug, PartialEq)]
+pub enum Line {
+    /// A complete command.
+    Command(Command),
+    /// A `put` line; its body comes next.
+    Put(PutHeader),
+}
+
+/// Parses one command line (without its line ending).
+///
+/// Arguments are separated by single spaces, as beanstalkd's own clients send
+/// them. The error words follow beanstalkd 1.12: an argument-taking command
+/// with no arguments at all is `UNKNOWN_COMMAND`, except where beanstalkd
+/// matches it as a prefix of an argument-less one (`reserve…`, `stats…`).
+pub fn parse_line(line: &[u8]) -> Result<Line, ClientError> {
+    let mut parts = line.split(|&b| b == b' ');
+    let name = parts.next().unwrap_or_default();
+    let args: Vec<&[u8]> = parts.collect();
+    if args.iter().any(|a| a.is_empty()) {
+        return Err(ClientError::BadFormat);
+    }
+    let cmd = match (name, args.as_slice()) {
+        (b"put", [pri, delay, ttr, bytes, rest @ ..]) if rest.len() <= 1 => {
+            return Ok(Line::Put(PutHeader {
+                pri: num32(pri)?,
+                delay: num32(delay)?,
+                ttr: num32(ttr)?,
+                bytes: parse_u64(bytes).ok_or(ClientError::BadFormat)?,
+                id: match rest {
+                    [id] => Some(client_id(id).ok_or(ClientError::BadFormat)?),
+                    _ => None,
+                },
+            }));
+        }
+        (b"use", [tube]) => Command::Use(tube_arg(tube)?),
+        (b"reserve", []) => Command::Reserve {
+            timeout: None,
+            tube: None,
+        },
+        (b"reserve-with-timeout", [secs]) => Command::Reserve {
+            timeout: Some(num32(secs)?),
+            tube: None,
+        },
+        (b"reserve-job", [id]) => Command::ReserveJob(id_arg(id)?),
+        (b"delete", [id]) => Command::Delete(id_arg(id)?),
+        (b"finish", [id]) => Command::Finish(id_arg(id)?),
+        (b"release", [id, pri, delay]) => Command::Release {
+            id: id_arg(id)?,
+            pri: num32(pri)?,
+            delay: num32(delay)?,
+        },
+        (b"bury", [id, pri]) => Command::Bury {
+            id: id_arg(id)?,
+            pri: num32(pri)?,
+        },
+        (b"touch", [id]) => Command::Touch(id_arg(id)?),
+        (b"watch", [tube]) => Command::Watch(tube_arg(tube)?),
+        (b"ignore", [tube]) => Command::Ignore(tube_arg(tube)?),
+        (b"peek", [id]) => Command::Peek(id_arg(id)?),
+        (b"peek-ready", []) => Command::PeekReady,
+        (b"peek-delayed", []) => Command::PeekDelayed,
+        (b"peek-buried", []) => Command::PeekBuried,
+        (b"kick", [bound]) => Command::Kick(parse_u64(bound).ok_or(ClientError::BadFormat)?),
+        (b"kick-job", [id]) => Command::KickJob(id_arg(id)?),
+        (b"stats-job", [id]) => Command::StatsJob(id_arg(id)?),
+        (b"stats-tube", [tube]) => Command::StatsTube(tube_arg(tube)?),
+        (b"stats", []) => Command::Stats,
+        (b"list-tubes", []) => Command::ListTubes,
+        (b"list-tube-used", []) => Command::ListTubeUsed,
+        (b"list-tubes-watched", []) => Command::ListTubesWatched,
+        (b"pause-tube", [tube, delay]) => Command::PauseTube(tube_arg(tube)?, num32(delay)?),
+        (b"quit", []) => Command::Quit,
+        (name, args) if is_known(name) => {
+            let prefix_of_bare = name.starts_with(b"reserve") || name.starts_with(b"stats");
+            return Err(if args.is_empty() && !prefix_of_bare {
+                ClientError::UnknownCommand
+            } else {
+                ClientError::BadFormat
+            });
+        }
+        _ => return Err(ClientError::UnknownCommand),
+    };
+    Ok(Line::Command(cmd))
+}
+
+const NAMES: &[&[u8]] = &[
+    b"put",
+    b"use",
+    b"reserve",
+    b"reserve-with-timeout",
+    b"reserve-job",
+    b"delete",
+    b"finish",
+    b"release",
+    b"bury",
+    b"touch",
+    b"watch",
+    b"ignore",
+    b"peek",
+    b"peek-ready",
+    b"peek-delayed",
+    b"peek-buried",
+    b"kick",
+    b"kick-job",
+    b"stats-job",
+    b"stats-tube",
+    b"stats",
+    b"list-tubes",
+    b"list-tube-used",
+    b"list-tubes-watched",
+    b"pause-tube",
+    b"quit",
+];
+
+fn is_known(name: &[u8]) -> bool {
+    NAMES.contains(&name)
+}
+
+fn num32(raw: &[u8]) -> Result<u32, ClientError> {
+    parse_u32(raw).ok_or(ClientError::BadFormat)
+}
+
+fn id_arg(raw: &[u8]) -> Result<JobId, ClientError> {
+    JobId::parse(raw).ok_or(ClientError::BadFormat)
+}
+
+fn tube_arg(raw: &[u8]) -> Result<Tube, ClientError> {
+    Tube::parse(raw).ok_or(ClientError::BadFormat)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(line: &str) -> Result<Line, ClientError> {
+        parse_line(line.as_bytes())
+    }
+
+    #[test]
+    fn put_header_with_and_without_id() {
+        let Ok(Line::Put(h)) = cmd("put 1 2 3 4") else {
+            panic!("not a put")
+        };
+        assert_eq!((h.pri, h.delay, h.ttr, h.bytes, h.id), (1, 2, 3, 4, None));
+        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 order-close:4711") else {
+            panic!("not a put")
+        };
+        assert_eq!(h.id.as_deref(), Some("order-close:4711"));
+        assert_eq!(cmd("put 0 0 60 5 4711"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("put 0 0 60 5 a b"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("put -1 0 60 5"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("put 0 0 60 5 "), Err(ClientError::BadFormat));
+        assert_eq!(cmd("put 0 0 60"), Err(ClientError::BadFormat));
+    }
+
+    #[test]
+    fn error_words_match_beanstalkd() {
+        assert_eq!(cmd("delete"), Err(ClientError::UnknownCommand));
+        assert_eq!(cmd("use"), Err(ClientError::UnknownCommand));
+        assert_eq!(cmd("reserve-with-timeout"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("stats-job"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("stats x"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("delete 1 2"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("PUT 0 0 0 0"), Err(ClientError::UnknownCommand));
+        assert_eq!(cmd(""), Err(ClientError::UnknownCommand));
+        assert_eq!(cmd("use a:b"), Err(ClientError::BadFormat));
+    }
+
+    #[test]
+    fn ids_parse_both_kinds() {
+        assert_eq!(
+            cmd("delete 7"),
+            Ok(Line::Command(Command::Delete(JobId::Server(7))))
+        );
+        assert!(matches!(
+            cmd("kick-job order-close:4711"),
+            Ok(Line::Command(Command::KickJob(JobId::Client(_))))
+        ));
+    }
+}

@@ -1,0 +1,21 @@
+//! Run-time settings, built from the command line in `main.rs`.
+
+/// beanstalkd's default largest job body, in bytes.
+pub const DEFAULT_MAX_JOB_SIZE: usize = 65_535;
+/// beanstalkd's hard ceiling on `-z`.
+pub const MAX_JOB_SIZE_CEILING: usize = 1_073_741_824;
+
+/// Settings of one server.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Largest job body accepted, in bytes.
+    pub max_job_size: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_job_size: DEFAULT_MAX_JOB_SIZE,
+        }
+    }
+}

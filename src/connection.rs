@@ -1,0 +1,162 @@
+//! One client connection: decode, dispatch, encode, until the client leaves
+//! or the server shuts down.
+//!
+//! Replies to pipelined commands are queued and written with one flush once
+//! no further command is already waiting in the read buffer. A blocked
+//! `reserve` waits on a channel while still watching the socket, so a client
+//! that hangs up stops waiting at once and its reservations come back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::codec::{Codec, Limits, Request};
+use crate::dispatch::{Outcome, Session, Shared};
+use crate::names::Tube;
+use crate::reply::{Reply, Response};
+use crate::store::{ConnId, Store};
+
+type Wire = Framed<TcpStream, Codec>;
+
+/// Serves one accepted connection to its end.
+pub async fn serve<S: Store>(
+    socket: TcpStream,
+    conn: ConnId,
+    shared: Arc<Shared<S>>,
+    shutdown: CancellationToken,
+) {
+    let peer = socket.peer_addr().ok();
+    debug!(conn, ?peer, "connection opened");
+    let limits = Limits {
+        max_job_size: shared.config.max_job_size,
+    };
+    let mut wire = Framed::new(socket, Codec::new(limits));
+    let mut session = match Session::open(shared, conn).await {
+        Ok(session) => session,
+        Err(e) => {
+            warn!(conn, error = %e, "cannot open a session");
+            return;
+        }
+    };
+    let mut stash = None;
+    loop {
+        let request = match stash.take() {
+            Some(request) => request,
+            None => match next_request(&mut wire, &shutdown).await {
+                Some(request) => request,
+                None => break,
+            },
+        };
+        let mode = request.mode;
+        let outcome = match request.command {
+            Ok(cmd) => session.handle(cmd).await,
+            Err(e) => Outcome::Reply(e.into()),
+        };
+        let reply = match outcome {
+            Outcome::Reply(reply) => reply,
+            Outcome::Quit => break,
+            Outcome::Wait { tubes, timeout } => {
+                if wire.flush().await.is_err() {
+                    break;
+                }
+                let waited = wait(
+                    &mut wire,
+                    &mut session,
+                    tubes,
+                    timeout,
+                    &mut stash,
+                    &shutdown,
+                );
+                match waited.await {
+                    Some(reply) => reply,
+                    None => break,
+                }
+            }
+        };
+        if wire.feed(Response { mode, reply }).await.is_err() {
+            break;
+        }
+    }
+    // Whatever was answered before a quit or hang-up still goes out.
+    let _ = wire.flush().await;
+    session.close().await;
+    debug!(conn, ?peer, "connection closed");
+}
+
+/// The next request: from the read buffer if one is there, else after
+/// flushing queued replies and waiting for the client. `None` ends the
+/// connection (hang-up, read error, or shutdown while idle).
+async fn next_request(wire: &mut Wire, shutdown: &CancellationToken) -> Option<Request> {
+    let polled = match wire.next().now_or_never() {
+        Some(polled) => polled,
+        None => {
+            wire.flush().await.ok()?;
+            tokio::select! {
+                polled = wire.next() => polled,
+                () = shutdown.cancelled() => return None,
+            }
+        }
+    };
+    polled?.ok()
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Blocks in `reserve`. Returns the reply, or `None` if the client left or
+/// the server is shutting down. A request that arrives meanwhile is kept in
+/// `stash` for afterwards.
+async fn wait<S: Store>(
+    wire: &mut Wire,
+    session: &mut Session<S>,
+    tubes: Arc<[Tube]>,
+    timeout: Option<Duration>,
+    stash: &mut Option<Request>,
+    shutdown: &CancellationToken,
+) -> Option<Reply> {
+    let timeout_at = timeout.map(|t| Instant::now() + t);
+    let soon_at = session.deadline_soon_at();
+    let (waiter, mut rx) = session.broker().wait(session.id, tubes).await;
+    let mut reading = stash.is_none();
+    let give_up = loop {
+        tokio::select! {
+            handed = &mut rx => {
+                // A sender is only dropped unsent if the waiter was taken
+                // without a job, which the broker never does.
+                return Some(handed.map_or(Reply::TimedOut, |got| session.took(got)));
+            }
+            () = sleep_until_some(timeout_at) => break Some(Reply::TimedOut),
+            () = sleep_until_some(soon_at) => break Some(Reply::DeadlineSoon),
+            polled = wire.next(), if reading => match polled {
+                Some(Ok(request)) => {
+                    *stash = Some(request);
+                    reading = false;
+                }
+                _ => break None,
+            },
+            () = shutdown.cancelled() => break None,
+        }
+    };
+    if session.broker().waiters.take(waiter).is_some() {
+        return give_up;
+    }
+    // The broker took this waiter first: a job is on its way. It is this
+    // connection's now; if the connection is closing, closing returns it.
+    match rx.await {
+        Ok(got) => {
+            let reply = session.took(got);
+            give_up.map(|_| reply)
+        }
+        Err(_) => give_up,
+    }
+}

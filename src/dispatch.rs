@@ -1,0 +1,362 @@
+//! One connection's session state and the one `match` that turns a command
+//! into a reply: each arm makes at most one broker or store call.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::error;
+
+use crate::broker::Broker;
+use crate::command::Command;
+use crate::config::Config;
+use crate::error::{StoreError, StoreResult};
+use crate::names::{JobId, Tube};
+use crate::reply::Reply;
+use crate::stats::{Cmd, ServerStats, render_job, render_tube, render_tubes};
+use crate::store::{ConnId, NewJob, PutOutcome, Reserved, Store, TubeRef};
+
+/// How close a reserved job's deadline must be for `reserve` to answer
+/// `DEADLINE_SOON` (beanstalkd's safety margin).
+const SAFETY_MARGIN: Duration = Duration::from_secs(1);
+
+/// What the whole server shares: the broker, the counters, the settings.
+pub struct Shared<S> {
+    /// Store, waiters and timer.
+    pub broker: Broker<S>,
+    /// Process-wide counters.
+    pub stats: ServerStats,
+    /// Settings.
+    pub config: Config,
+}
+
+/// What the connection must do after a command.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Send this reply.
+    Reply(Reply),
+    /// Nothing is ready: block until a job of `tubes` is handed over, the
+    /// timeout passes, or a reserved job's deadline comes near.
+    Wait {
+        /// The tubes to wait on.
+        tubes: Arc<[Tube]>,
+        /// How long to wait at most.
+        timeout: Option<Duration>,
+    },
+    /// Close the connection.
+    Quit,
+}
+
+/// One connection's state: its tubes and the jobs it holds.
+pub struct Session<S: Store> {
+    /// This connection's id.
+    pub id: ConnId,
+    shared: Arc<Shared<S>>,
+    used: Tube,
+    /// In the order they were watched, as `list-tubes-watched` prints them.
+    watched: Vec<Tube>,
+    /// When each job this connection holds runs out of time, as far as this
+    /// connection knows (only it can touch, release or finish them; the timer
+    /// takes them when the deadline passes).
+    deadlines: HashMap<JobId, Instant>,
+    producer: bool,
+    worker: bool,
+}
+
+impl<S: Store> Session<S> {
+    /// Opens a session using and watching `default`.
+    pub async fn open(shared: Arc<Shared<S>>, id: ConnId) -> StoreResult<Session<S>> {
+        let default = Tube::default_tube();
+        shared.broker.store.attach(&default, TubeRef::Using).await?;
+        shared
+            .broker
+            .store
+            .attach(&default, TubeRef::Watching)
+            .await?;
+        shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+        shared
+            .stats
+            .total_connections
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(Session {
+            id,
+            shared,
+            used: default.clone(),
+            watched: vec![default],
+            deadlines: HashMap::new(),
+            producer: false,
+            worker: false,
+        })
+    }
+
+    /// The shared broker.
+    pub fn broker(&self) -> &Broker<S> {
+        &self.shared.broker
+    }
+
+    /// Ends the session: its reservations go back to ready at once, its tubes
+    /// are let go.
+    pub async fn close(self) {
+        let store = &self.shared.broker.store;
+        let conn = self.id;
+        let mut result = self.shared.broker.release_all(conn).await;
+        result = result.and(store.detach(&self.used, TubeRef::Using).await);
+        for tube in &self.watched {
+            result = result.and(store.detach(tube, TubeRef::Watching).await);
+        }
+        if let Err(e) = result {
+            error!(conn, error = %e, "cleaning up a closed connection");
+        }
+        let stats = &self.shared.stats;
+        stats.connections.fetch_sub(1, Ordering::Relaxed);
+        if self.producer {
+            stats.producers.fetch_sub(1, Ordering::Relaxed);
+        }
+        if self.worker {
+            stats.workers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a job this connection now holds and builds its reply.
+    pub fn took(&mut self, got: Reserved) -> Reply {
+        self.deadlines
+            .insert(got.job.id.clone(), Instant::now() + got.ttr);
+        Reply::Reserved(got.job)
+    }
+
+    /// When the next `DEADLINE_SOON` is due, if this connection holds jobs.
+    pub fn deadline_soon_at(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        // A deadline that has passed belongs to a job the timer took back.
+        self.deadlines.retain(|_, at| *at > now);
+        self.deadlines.values().min().map(|at| *at - SAFETY_MARGIN)
+    }
+
+    fn count(&self, cmd: Cmd) {
+        self.shared.stats.count(cmd);
+    }
+
+    /// Carries out one command.
+    pub async fn handle(&mut self, cmd: Command) -> Outcome {
+        match self.run(cmd).await {
+            Ok(outcome) => outcome,
+            Err(StoreError::OutOfMemory) => Outcome::Reply(Reply::OutOfMemory),
+            Err(e) => {
+                error!(conn = self.id, error = %e, "command failed");
+                Outcome::Reply(Reply::InternalError)
+            }
+        }
+    }
+
+    async fn run(&mut self, cmd: Command) -> StoreResult<Outcome> {
+        let conn = self.id;
+        let shared = self.shared.clone();
+        let broker = &shared.broker;
+        let store = &broker.store;
+        let found = |yes: bool, reply: Reply| if yes { reply } else { Reply::NotFound };
+        let reply = match cmd {
+            Command::Put {
+                pri,
+                delay,
+                ttr,
+                id,
+                tube,
+                body,
+            } => {
+                self.count(Cmd::Put);
+                if !self.producer {
+                    self.producer = true;
+                    shared.stats.producers.fetch_add(1, Ordering::Relaxed);
+                }
+                if shared.stats.is_draining() {
+                    return Ok(Outcome::Reply(Reply::Draining));
+                }
+                let job = NewJob {
+                    tube: tube.unwrap_or_else(|| self.used.clone()),
+                    id,
+                    pri,
+                    delay: secs(delay),
+                    // beanstalkd raises a TTR of zero to one second.
+                    ttr: secs(ttr.max(1)),
+                    body,
+                };
+                match broker.put(job).await? {
+                    PutOutcome::Inserted(id) => Reply::Inserted(id),
+                    PutOutcome::Exists(id) => Reply::Exists(id),
+                }
+            }
+            Command::Use(tube) => {
+                self.count(Cmd::Use);
+                if tube != self.used {
+                    store.attach(&tube, TubeRef::Using).await?;
+                    store.detach(&self.used, TubeRef::Using).await?;
+                    self.used = tube.clone();
+                }
+                Reply::Using(tube)
+            }
+            Command::Reserve { timeout, tube } => {
+                self.count(if timeout.is_some() {
+                    Cmd::ReserveWithTimeout
+                } else {
+                    Cmd::Reserve
+                });
+                if !self.worker {
+                    self.worker = true;
+                    shared.stats.workers.fetch_add(1, Ordering::Relaxed);
+                }
+                let tubes: Arc<[Tube]> = match tube {
+                    Some(t) => Arc::from([t]),
+                    None => Arc::from(self.watched.as_slice()),
+                };
+                if let Some(got) = broker.reserve(conn, &tubes).await? {
+                    self.took(got)
+                } else if self
+                    .deadline_soon_at()
+                    .is_some_and(|at| at <= Instant::now())
+                {
+                    Reply::DeadlineSoon
+                } else if timeout == Some(0) {
+                    Reply::TimedOut
+                } else {
+                    return Ok(Outcome::Wait {
+                        tubes,
+                        timeout: timeout.map(secs),
+                    });
+                }
+            }
+            Command::ReserveJob(id) => {
+                self.count(Cmd::ReserveJob);
+                match broker.reserve_job(conn, &id).await? {
+                    Some(got) => self.took(got),
+                    None => Reply::NotFound,
+                }
+            }
+            Command::Delete(id) => {
+                self.count(Cmd::Delete);
+                let yes = store.delete(conn, &id).await?;
+                self.deadlines.remove(&id);
+                found(yes, Reply::Deleted(id))
+            }
+            Command::Finish(id) => {
+                self.count(Cmd::Finish);
+                let yes = store.finish(conn, &id).await?;
+                self.deadlines.remove(&id);
+                found(yes, Reply::Finished(id))
+            }
+            Command::Release { id, pri, delay } => {
+                self.count(Cmd::Release);
+                let yes = broker.release(conn, &id, pri, secs(delay)).await?;
+                self.deadlines.remove(&id);
+                found(yes, Reply::Released)
+            }
+            Command::Bury { id, pri } => {
+                self.count(Cmd::Bury);
+                let yes = store.bury(conn, &id, pri).await?;
+                self.deadlines.remove(&id);
+                found(yes, Reply::Buried)
+            }
+            Command::Touch(id) => {
+                self.count(Cmd::Touch);
+                match broker.touch(conn, &id).await? {
+                    Some(ttr) => {
+                        self.deadlines.insert(id, Instant::now() + ttr);
+                        Reply::Touched
+                    }
+                    None => Reply::NotFound,
+                }
+            }
+            Command::Watch(tube) => {
+                self.count(Cmd::Watch);
+                if !self.watched.contains(&tube) {
+                    store.attach(&tube, TubeRef::Watching).await?;
+                    self.watched.push(tube);
+                }
+                Reply::Watching(self.watched.len())
+            }
+            Command::Ignore(tube) => {
+                self.count(Cmd::Ignore);
+                match self.watched.iter().position(|t| *t == tube) {
+                    Some(_) if self.watched.len() == 1 => Reply::NotIgnored,
+                    Some(at) => {
+                        self.watched.remove(at);
+                        store.detach(&tube, TubeRef::Watching).await?;
+                        Reply::Watching(self.watched.len())
+                    }
+                    None => Reply::Watching(self.watched.len()),
+                }
+            }
+            Command::Peek(id) => {
+                self.count(Cmd::Peek);
+                store.peek(&id).await?.map_or(Reply::NotFound, Reply::Found)
+            }
+            Command::PeekReady => {
+                self.count(Cmd::PeekReady);
+                let job = store.peek_ready(&self.used).await?;
+                job.map_or(Reply::NotFound, Reply::Found)
+            }
+            Command::PeekDelayed => {
+                self.count(Cmd::PeekDelayed);
+                let job = store.peek_delayed(&self.used).await?;
+                job.map_or(Reply::NotFound, Reply::Found)
+            }
+            Command::PeekBuried => {
+                self.count(Cmd::PeekBuried);
+                let job = store.peek_buried(&self.used).await?;
+                job.map_or(Reply::NotFound, Reply::Found)
+            }
+            Command::Kick(bound) => {
+                self.count(Cmd::Kick);
+                Reply::Kicked(broker.kick(&self.used, bound).await?)
+            }
+            Command::KickJob(id) => {
+                self.count(Cmd::KickJob);
+                found(broker.kick_job(&id).await?, Reply::KickedJob)
+            }
+            Command::StatsJob(id) => {
+                self.count(Cmd::StatsJob);
+                let stats = store.stats_job(&id).await?;
+                stats.map_or(Reply::NotFound, |s| Reply::Yaml(render_job(&s)))
+            }
+            Command::StatsTube(tube) => {
+                self.count(Cmd::StatsTube);
+                let waiting = broker.waiters.waiting_on(&tube);
+                let stats = store.stats_tube(&tube).await?;
+                stats.map_or(Reply::NotFound, |s| Reply::Yaml(render_tube(&s, waiting)))
+            }
+            Command::Stats => {
+                self.count(Cmd::Stats);
+                let totals = store.stats().await?;
+                let waiting = broker.waiters.total();
+                Reply::Yaml(
+                    shared
+                        .stats
+                        .render(&totals, waiting, shared.config.max_job_size),
+                )
+            }
+            Command::ListTubes => {
+                self.count(Cmd::ListTubes);
+                Reply::Yaml(render_tubes(&store.list_tubes().await?))
+            }
+            Command::ListTubeUsed => {
+                self.count(Cmd::ListTubeUsed);
+                Reply::Using(self.used.clone())
+            }
+            Command::ListTubesWatched => {
+                self.count(Cmd::ListTubesWatched);
+                Reply::Yaml(render_tubes(&self.watched))
+            }
+            Command::PauseTube(tube, delay) => {
+                self.count(Cmd::PauseTube);
+                found(broker.pause_tube(&tube, secs(delay)).await?, Reply::Paused)
+            }
+            Command::Quit => return Ok(Outcome::Quit),
+        };
+        Ok(Outcome::Reply(reply))
+    }
+}
+
+fn secs(n: u32) -> Duration {
+    Duration::from_secs(n.into())
+}

@@ -1,0 +1,119 @@
+//! The `delayq` binary: flags, logging, signals, then [`delayq::server::run`].
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+use delayq::config::{Config, MAX_JOB_SIZE_CEILING};
+use delayq::server::{Control, run};
+use delayq::store::memory::MemoryStore;
+
+/// A delay-queue job server speaking beanstalkd's protocol.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(short = 'l', value_name = "ADDR", default_value = "127.0.0.1")]
+    listen: String,
+    /// TCP port to listen on.
+    #[arg(short = 'p', value_name = "PORT", default_value_t = 11300)]
+    port: u16,
+    /// Largest job body in bytes (at most 1073741824).
+    #[arg(short = 'z', value_name = "BYTES", default_value_t = 65535)]
+    max_job_size: usize,
+    /// Store jobs in Redis at this URL (not available yet: the embedded
+    /// engine is the only one in this version).
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    if args.redis.is_some() {
+        error!("--redis is reserved for the Redis engine, which this version does not have yet");
+        return ExitCode::from(2);
+    }
+    let mut max_job_size = args.max_job_size;
+    if max_job_size > MAX_JOB_SIZE_CEILING {
+        warn!(
+            max_job_size,
+            "-z is above the ceiling; using {MAX_JOB_SIZE_CEILING}"
+        );
+        max_job_size = MAX_JOB_SIZE_CEILING;
+    }
+    let addr = match format!("{}:{}", args.listen, args.port).parse::<SocketAddr>() {
+        Ok(addr) => addr,
+        Err(_) => match tokio::net::lookup_host((args.listen.as_str(), args.port)).await {
+            Ok(mut addrs) => match addrs.next() {
+                Some(addr) => addr,
+                None => {
+                    error!(listen = %args.listen, "address resolves to nothing");
+                    return ExitCode::from(2);
+                }
+            },
+            Err(e) => {
+                error!(listen = %args.listen, error = %e, "cannot resolve the listen address");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let listener = match TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            error!(%addr, error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    let control = Control::default();
+    if let Err(e) = watch_signals(control.clone()) {
+        error!(error = %e, "cannot install signal handlers");
+        return ExitCode::FAILURE;
+    }
+    info!(
+        addr = %listener.local_addr().unwrap_or(addr),
+        engine = "embedded",
+        max_job_size,
+        "delayq listening with the embedded engine"
+    );
+    run(
+        listener,
+        MemoryStore::new(),
+        Config { max_job_size },
+        control,
+    )
+    .await;
+    info!("delayq stopped");
+    ExitCode::SUCCESS
+}
+
+/// SIGINT and SIGTERM shut down gracefully; SIGUSR1 enters drain mode.
+fn watch_signals(control: Control) -> std::io::Result<()> {
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = int.recv() => break,
+                _ = term.recv() => break,
+                _ = usr1.recv() => {
+                    info!("SIGUSR1: draining, new jobs are refused");
+                    control.draining.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        info!("signal received: shutting down");
+        control.shutdown.cancel();
+    });
+    Ok(())
+}

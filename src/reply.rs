@@ -1,0 +1,237 @@
+//! Replies, and the only place their wire words are spelled.
+//!
+//! A [`Reply`] is the same whichever protocol asked; [`Response`] pairs it with
+//! the mode of the request so the encoder writes a text line or a JSON object.
+
+use std::io::Write;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::json;
+
+use crate::error::ClientError;
+use crate::names::{JobId, Tube};
+
+/// Which protocol a request came in, and so which one its reply goes out in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// beanstalkd's text protocol.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A job as handed to a client: its id, tube and body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobBody {
+    /// The job's own id.
+    pub id: JobId,
+    /// The tube it lives in.
+    pub tube: Tube,
+    /// Its body.
+    pub body: Bytes,
+}
+
+/// Everything the server can answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// `INSERTED <id>`.
+    Inserted(JobId),
+    /// `EXISTS <id>`: a put with a client id that is already taken.
+    Exists(JobId),
+    /// `USING <tube>`.
+    Using(Tube),
+    /// `RESERVED <id> <bytes>` and the body.
+    Reserved(JobBody),
+    /// `DEADLINE_SOON`.
+    DeadlineSoon,
+    /// `TIMED_OUT`.
+    TimedOut,
+    /// `DELETED`.
+    Deleted(JobId),
+    /// `FINISHED` (extension).
+    Finished(JobId),
+    /// `NOT_FOUND`.
+    NotFound,
+    /// `RELEASED`.
+    Released,
+    /// `BURIED`.
+    Buried,
+    /// `TOUCHED`.
+    Touched,
+    /// `WATCHING <count>`.
+    Watching(usize),
+    /// `NOT_IGNORED`.
+    NotIgnored,
+    /// `FOUND <id> <bytes>` and the body.
+    Found(JobBody),
+    /// `KICKED <count>`.
+    Kicked(u64),
+    /// `KICKED`, the answer to `kick-job`.
+    KickedJob,
+    /// `OK <bytes>` and a YAML document.
+    Yaml(String),
+    /// `PAUSED`.
+    Paused,
+    /// `DRAINING`: the server takes no new jobs.
+    Draining,
+    /// `OUT_OF_MEMORY`.
+    OutOfMemory,
+    /// `INTERNAL_ERROR`: the server's fault, logged where it happened.
+    InternalError,
+    /// A client error word.
+    Client(ClientError),
+}
+
+impl From<ClientError> for Reply {
+    fn from(e: ClientError) -> Self {
+        Reply::Client(e)
+    }
+}
+
+impl Reply {
+    /// The failure word for replies that are not a success, as used both on
+    /// the text wire and in JSON `error` fields.
+    fn word(&self) -> &'static str {
+        match self {
+            Reply::Inserted(_) => "INSERTED",
+            Reply::Exists(_) => "EXISTS",
+            Reply::Using(_) => "USING",
+            Reply::Reserved(_) => "RESERVED",
+            Reply::DeadlineSoon => "DEADLINE_SOON",
+            Reply::TimedOut => "TIMED_OUT",
+            Reply::Deleted(_) => "DELETED",
+            Reply::Finished(_) => "FINISHED",
+            Reply::NotFound => "NOT_FOUND",
+            Reply::Released => "RELEASED",
+            Reply::Buried => "BURIED",
+            Reply::Touched => "TOUCHED",
+            Reply::Watching(_) => "WATCHING",
+            Reply::NotIgnored => "NOT_IGNORED",
+            Reply::Found(_) => "FOUND",
+            Reply::Kicked(_) | Reply::KickedJob => "KICKED",
+            Reply::Yaml(_) => "OK",
+            Reply::Paused => "PAUSED",
+            Reply::Draining => "DRAINING",
+            Reply::OutOfMemory => "OUT_OF_MEMORY",
+            Reply::InternalError => "INTERNAL_ERROR",
+            Reply::Client(ClientError::BadFormat) => "BAD_FORMAT",
+            Reply::Client(ClientError::UnknownCommand) => "UNKNOWN_COMMAND",
+            Reply::Client(ClientError::ExpectedCrlf) => "EXPECTED_CRLF",
+            Reply::Client(ClientError::JobTooBig) => "JOB_TOO_BIG",
+        }
+    }
+
+    /// Writes the text-protocol form.
+    pub fn encode_text(&self, dst: &mut BytesMut) {
+        let word = self.word();
+        match self {
+            Reply::Inserted(id) | Reply::Exists(id) => line(dst, format_args!("{word} {id}")),
+            Reply::Using(tube) => line(dst, format_args!("{word} {tube}")),
+            Reply::Watching(n) => line(dst, format_args!("{word} {n}")),
+            Reply::Kicked(n) => line(dst, format_args!("{word} {n}")),
+            Reply::Reserved(job) | Reply::Found(job) => {
+                dst.reserve(job.body.len() + 64);
+                line(dst, format_args!("{word} {} {}", job.id, job.body.len()));
+                dst.put_slice(&job.body);
+                dst.put_slice(b"\r\n");
+            }
+            Reply::Yaml(doc) => {
+                line(dst, format_args!("{word} {}", doc.len()));
+                dst.put_slice(doc.as_bytes());
+                dst.put_slice(b"\r\n");
+            }
+            _ => {
+                dst.put_slice(word.as_bytes());
+                dst.put_slice(b"\r\n");
+            }
+        }
+    }
+
+    /// Writes the JSON-lines form: `{"success":true,...}` or
+    /// `{"success":false,"error":WORD}`.
+    pub fn encode_json(&self, dst: &mut BytesMut) {
+        let value = match self {
+            Reply::Inserted(id) | Reply::Deleted(id) | Reply::Finished(id) => {
+                json!({"success": true, "id": id.to_string()})
+            }
+            Reply::Reserved(job) | Reply::Found(job) => json!({
+                "success": true,
+                "id": job.id.to_string(),
+                "topic": job.tube.as_str(),
+                // JSON strings are Unicode: a body that is not UTF-8 comes out
+                // with U+FFFD in place of the invalid bytes (see protocol.md).
+                "value": String::from_utf8_lossy(&job.body),
+            }),
+            Reply::Exists(id) => {
+                json!({"success": false, "error": self.word(), "id": id.to_string()})
+            }
+            other => json!({"success": false, "error": other.word()}),
+        };
+        let mut w = dst.writer();
+        // Serializing a Value into memory cannot fail.
+        let _ = serde_json::to_writer(&mut w, &value);
+        w.get_mut().put_slice(b"\r\n");
+    }
+}
+
+fn line(dst: &mut BytesMut, args: std::fmt::Arguments<'_>) {
+    let mut w = dst.writer();
+    // Writing into a BytesMut cannot fail.
+    let _ = w.write_fmt(args);
+    w.get_mut().put_slice(b"\r\n");
+}
+
+/// A reply together with the protocol it must be written in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// Text or JSON.
+    pub mode: Mode,
+    /// What to say.
+    pub reply: Reply,
+}
+
+impl Response {
+    /// Writes the reply in its mode's wire form.
+    pub fn encode(&self, dst: &mut BytesMut) {
+        match self.mode {
+            Mode::Text => self.reply.encode_text(dst),
+            Mode::Json => self.reply.encode_json(dst),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(r: Reply) -> String {
+        let mut b = BytesMut::new();
+        r.encode_text(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    }
+
+    #[test]
+    fn text_words() {
+        assert_eq!(text(Reply::Inserted(JobId::Server(3))), "INSERTED 3\r\n");
+        assert_eq!(text(Reply::KickedJob), "KICKED\r\n");
+        assert_eq!(text(Reply::Kicked(2)), "KICKED 2\r\n");
+        assert_eq!(
+            text(Reply::Client(ClientError::JobTooBig)),
+            "JOB_TOO_BIG\r\n"
+        );
+        assert_eq!(text(Reply::Yaml("---\n".into())), "OK 4\r\n---\n\r\n");
+        let job = JobBody {
+            id: JobId::Server(1),
+            tube: Tube::default_tube(),
+            body: Bytes::from_static(b"a\r\nb"),
+        };
+        assert_eq!(text(Reply::Reserved(job)), "RESERVED 1 4\r\na\r\nb\r\n");
+    }
+
+    #[test]
+    fn json_shapes() {
+        let mut b = BytesMut::new();
+        Reply::NotFound.encode_json(&mut b);
+        assert_eq!(&b[..], b"{\"success\":false,\"error\":\"NOT_FOUND\"}\r\n");
+    }
+}

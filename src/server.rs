@@ -1,0 +1,68 @@
+//! The accept loop and graceful shutdown.
+//!
+//! [`run`] takes a listener the caller bound, so tests bind port 0 and run
+//! many servers in one process; there are no globals.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::broker::Broker;
+use crate::config::Config;
+use crate::connection;
+use crate::dispatch::Shared;
+use crate::stats::ServerStats;
+use crate::store::Store;
+
+/// Handles to steer a running server from outside (signals, tests).
+#[derive(Clone, Default)]
+pub struct Control {
+    /// Cancel to stop accepting, finish what is in flight and return.
+    pub shutdown: CancellationToken,
+    /// Set to make `put` answer `DRAINING` (SIGUSR1).
+    pub draining: Arc<AtomicBool>,
+}
+
+/// Serves `listener` with `store` until `control.shutdown` is cancelled.
+pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, control: Control) {
+    let shared = Arc::new(Shared {
+        broker: Broker::new(store),
+        stats: ServerStats::new(control.draining.clone()),
+        config,
+    });
+    let tracker = TaskTracker::new();
+    {
+        let shared = shared.clone();
+        let shutdown = control.shutdown.clone();
+        tracker.spawn(async move { shared.broker.run_timer(shutdown).await });
+    }
+    let next_conn = AtomicU64::new(0);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = control.shutdown.cancelled() => break,
+        };
+        match accepted {
+            Ok((socket, _)) => {
+                let _ = socket.set_nodelay(true);
+                let conn = next_conn.fetch_add(1, Ordering::Relaxed) + 1;
+                let shutdown = control.shutdown.clone();
+                tracker.spawn(connection::serve(socket, conn, shared.clone(), shutdown));
+            }
+            Err(e) => {
+                // Usually out of file descriptors: back off rather than spin.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    drop(listener);
+    info!("shutting down: finishing open requests");
+    tracker.close();
+    tracker.wait().await;
+}

@@ -1,0 +1,339 @@
+//! Server-wide counters and the YAML documents of `stats`, `stats-job`,
+//! `stats-tube` and the `list-*` commands, field for field as beanstalkd 1.12
+//! prints them (client libraries and exporters read them by name).
+
+use std::fmt::Write;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::names::{JobId, Tube};
+use crate::store::{JobStats, StoreStats, TubeStats};
+
+/// Commands counted in `stats`, in the order beanstalkd prints them, followed
+/// by delayq's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Cmd {
+    /// `put` and JSON `add`.
+    Put,
+    /// `peek`.
+    Peek,
+    /// `peek-ready`.
+    PeekReady,
+    /// `peek-delayed`.
+    PeekDelayed,
+    /// `peek-buried`.
+    PeekBuried,
+    /// `reserve` and JSON `pop` without a timeout.
+    Reserve,
+    /// `reserve-with-timeout` and JSON `pop` with one.
+    ReserveWithTimeout,
+    /// `delete`, text or JSON.
+    Delete,
+    /// `release`.
+    Release,
+    /// `use`.
+    Use,
+    /// `watch`.
+    Watch,
+    /// `ignore`.
+    Ignore,
+    /// `bury`.
+    Bury,
+    /// `kick`.
+    Kick,
+    /// `touch`.
+    Touch,
+    /// `stats`.
+    Stats,
+    /// `stats-job`.
+    StatsJob,
+    /// `stats-tube`.
+    StatsTube,
+    /// `list-tubes`.
+    ListTubes,
+    /// `list-tube-used`.
+    ListTubeUsed,
+    /// `list-tubes-watched`.
+    ListTubesWatched,
+    /// `pause-tube`.
+    PauseTube,
+    /// `reserve-job` (not printed by beanstalkd; an extra field here).
+    ReserveJob,
+    /// `kick-job` (likewise).
+    KickJob,
+    /// `finish` (extension).
+    Finish,
+}
+
+const CMD_NAMES: [&str; 25] = [
+    "cmd-put",
+    "cmd-peek",
+    "cmd-peek-ready",
+    "cmd-peek-delayed",
+    "cmd-peek-buried",
+    "cmd-reserve",
+    "cmd-reserve-with-timeout",
+    "cmd-delete",
+    "cmd-release",
+    "cmd-use",
+    "cmd-watch",
+    "cmd-ignore",
+    "cmd-bury",
+    "cmd-kick",
+    "cmd-touch",
+    "cmd-stats",
+    "cmd-stats-job",
+    "cmd-stats-tube",
+    "cmd-list-tubes",
+    "cmd-list-tube-used",
+    "cmd-list-tubes-watched",
+    "cmd-pause-tube",
+    "cmd-reserve-job",
+    "cmd-kick-job",
+    "cmd-finish",
+];
+
+/// Where beanstalkd's own counters end and the extra ones begin.
+const BEANSTALKD_CMDS: usize = 22;
+
+/// Counters kept by this process (with the Redis engine, per process).
+pub struct ServerStats {
+    cmds: [AtomicU64; CMD_NAMES.len()],
+    /// Connections open now.
+    pub connections: AtomicU64,
+    /// Connections ever accepted.
+    pub total_connections: AtomicU64,
+    /// Open connections that have put a job.
+    pub producers: AtomicU64,
+    /// Open connections that have reserved.
+    pub workers: AtomicU64,
+    /// Set by SIGUSR1: `put` answers `DRAINING`.
+    draining: Arc<AtomicBool>,
+    started: Instant,
+    instance: u64,
+}
+
+impl ServerStats {
+    /// Fresh counters; `draining` is the flag the signal handler sets.
+    pub fn new(draining: Arc<AtomicBool>) -> Self {
+        ServerStats {
+            cmds: std::array::from_fn(|_| AtomicU64::new(0)),
+            connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            producers: AtomicU64::new(0),
+            workers: AtomicU64::new(0),
+            draining,
+            started: Instant::now(),
+            // A random id for this server instance, as beanstalkd's `id`.
+            instance: RandomState::new().hash_one(std::process::id()),
+        }
+    }
+}
+
+fn get(n: &AtomicU64) -> u64 {
+    n.load(Ordering::Relaxed)
+}
+
+impl ServerStats {
+    /// Counts one command.
+    pub fn count(&self, cmd: Cmd) {
+        self.cmds[cmd as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the server is refusing new jobs.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// The `stats` document.
+    pub fn render(&self, store: &StoreStats, waiting: u64, max_job_size: usize) -> String {
+        let c = &store.counts;
+        let mut y = String::with_capacity(1200);
+        y.push_str("---\n");
+        field(&mut y, "current-jobs-urgent", c.urgent);
+        field(&mut y, "current-jobs-ready", c.ready);
+        field(&mut y, "current-jobs-reserved", c.reserved);
+        field(&mut y, "current-jobs-delayed", c.delayed);
+        field(&mut y, "current-jobs-buried", c.buried);
+        for (name, n) in CMD_NAMES.iter().zip(&self.cmds).take(BEANSTALKD_CMDS) {
+            field(&mut y, name, get(n));
+        }
+        field(&mut y, "job-timeouts", store.job_timeouts);
+        field(&mut y, "total-jobs", store.total_jobs);
+        field(&mut y, "max-job-size", max_job_size);
+        field(&mut y, "current-tubes", store.tubes);
+        field(&mut y, "current-connections", get(&self.connections));
+        field(&mut y, "current-producers", get(&self.producers));
+        field(&mut y, "current-workers", get(&self.workers));
+        field(&mut y, "current-waiting", waiting);
+        field(&mut y, "total-connections", get(&self.total_connections));
+        field(&mut y, "pid", std::process::id());
+        field(
+            &mut y,
+            "version",
+            format_args!("\"{}\"", env!("CARGO_PKG_VERSION")),
+        );
+        let (user, system) = rusage();
+        field(&mut y, "rusage-utime", user);
+        field(&mut y, "rusage-stime", system);
+        field(&mut y, "uptime", self.started.elapsed().as_secs());
+        // No binlog: these stay at what beanstalkd prints without one.
+        field(&mut y, "binlog-oldest-index", 0);
+        field(&mut y, "binlog-current-index", 0);
+        field(&mut y, "binlog-records-migrated", 0);
+        field(&mut y, "binlog-records-written", 0);
+        field(&mut y, "binlog-max-size", 10_485_760);
+        field(&mut y, "draining", self.is_draining());
+        field(&mut y, "id", format_args!("{:016x}", self.instance));
+        let host = host();
+        field(&mut y, "hostname", &host.hostname);
+        field(&mut y, "os", &host.os);
+        field(&mut y, "platform", &host.platform);
+        for (name, n) in CMD_NAMES.iter().zip(&self.cmds).skip(BEANSTALKD_CMDS) {
+            field(&mut y, name, get(n));
+        }
+        y
+    }
+}
+
+fn field(y: &mut String, name: &str, value: impl std::fmt::Display) {
+    // Writing into a String cannot fail.
+    let _ = writeln!(y, "{name}: {value}");
+}
+
+/// An id as a YAML scalar: server ids bare (clients parse them as integers),
+/// client ids quoted (they may start with `@`, which YAML reserves).
+fn yaml_id(id: &JobId) -> String {
+    match id {
+        JobId::Server(n) => n.to_string(),
+        JobId::Client(name) => format!("\"{name}\""),
+    }
+}
+
+/// The `stats-job` document.
+pub fn render_job(j: &JobStats) -> String {
+    let mut y = String::with_capacity(200);
+    y.push_str("---\n");
+    field(&mut y, "id", yaml_id(&j.id));
+    field(&mut y, "tube", &j.tube);
+    field(&mut y, "state", j.state.as_str());
+    field(&mut y, "pri", j.pri);
+    field(&mut y, "age", j.age);
+    field(&mut y, "delay", j.delay);
+    field(&mut y, "ttr", j.ttr);
+    field(&mut y, "time-left", j.time_left);
+    field(&mut y, "file", 0);
+    field(&mut y, "reserves", j.reserves);
+    field(&mut y, "timeouts", j.timeouts);
+    field(&mut y, "releases", j.releases);
+    field(&mut y, "buries", j.buries);
+    field(&mut y, "kicks", j.kicks);
+    y
+}
+
+/// The `stats-tube` document; `waiting` comes from this process's waiters.
+pub fn render_tube(t: &TubeStats, waiting: u64) -> String {
+    let c = &t.counts;
+    let mut y = String::with_capacity(300);
+    y.push_str("---\n");
+    field(&mut y, "name", &t.name);
+    field(&mut y, "current-jobs-urgent", c.urgent);
+    field(&mut y, "current-jobs-ready", c.ready);
+    field(&mut y, "current-jobs-reserved", c.reserved);
+    field(&mut y, "current-jobs-delayed", c.delayed);
+    field(&mut y, "current-jobs-buried", c.buried);
+    field(&mut y, "total-jobs", t.total_jobs);
+    field(&mut y, "current-using", t.using);
+    field(&mut y, "current-watching", t.watching);
+    field(&mut y, "current-waiting", waiting);
+    field(&mut y, "cmd-delete", t.cmd_delete);
+    field(&mut y, "cmd-pause-tube", t.cmd_pause_tube);
+    field(&mut y, "pause", t.pause);
+    field(&mut y, "pause-time-left", t.pause_time_left);
+    y
+}
+
+/// A YAML list of tube names, as `list-tubes` and `list-tubes-watched` print.
+pub fn render_tubes<'a>(tubes: impl IntoIterator<Item = &'a Tube>) -> String {
+    let mut y = String::from("---\n");
+    for t in tubes {
+        let _ = writeln!(y, "- {t}");
+    }
+    y
+}
+
+/// CPU time used by this process, user and system, as `seconds.micros`.
+fn rusage() -> (String, String) {
+    // SAFETY: getrusage writes a plain C struct we own; zeroed is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to that struct and a valid `who`.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| format!("{}.{:06}", t.tv_sec, t.tv_usec);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+struct Host {
+    hostname: String,
+    os: String,
+    platform: String,
+}
+
+/// The host's name and `uname` version and machine, as beanstalkd prints them.
+fn host() -> Host {
+    // SAFETY: uname fills a plain C struct we own; zeroed is a valid value.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to that struct.
+    let ok = unsafe { libc::uname(&mut u) } == 0;
+    let text = |field: &[libc::c_char]| -> String {
+        let bytes: Vec<u8> = field
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    if !ok {
+        return Host {
+            hostname: String::new(),
+            os: String::new(),
+            platform: String::new(),
+        };
+    }
+    Host {
+        hostname: text(&u.nodename),
+        os: text(&u.version),
+        platform: text(&u.machine),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_has_every_beanstalkd_field() {
+        let doc = ServerStats::new(Arc::default()).render(&StoreStats::default(), 0, 65535);
+        let keys: Vec<&str> = doc
+            .lines()
+            .skip(1)
+            .map(|l| l.split(':').next().unwrap())
+            .collect();
+        let expected = "current-jobs-urgent current-jobs-ready current-jobs-reserved \
+            current-jobs-delayed current-jobs-buried cmd-put cmd-peek cmd-peek-ready \
+            cmd-peek-delayed cmd-peek-buried cmd-reserve cmd-reserve-with-timeout cmd-delete \
+            cmd-release cmd-use cmd-watch cmd-ignore cmd-bury cmd-kick cmd-touch cmd-stats \
+            cmd-stats-job cmd-stats-tube cmd-list-tubes cmd-list-tube-used \
+            cmd-list-tubes-watched cmd-pause-tube job-timeouts total-jobs max-job-size \
+            current-tubes current-connections current-producers current-workers \
+            current-waiting total-connections pid version rusage-utime rusage-stime uptime \
+            binlog-oldest-index binlog-current-index binlog-records-migrated \
+            binlog-records-written binlog-max-size draining id hostname os platform";
+        let expected: Vec<&str> = expected.split_whitespace().collect();
+        assert_eq!(&keys[..expected.len()], &expected[..]);
+        let version = format!("version: \"{}\"\n", env!("CARGO_PKG_VERSION"));
+        assert!(doc.contains(&version), "{doc}");
+    }
+}

@@ -1,0 +1,299 @@
+//! The storage interface: every method is one whole, atomic state transition,
+//! so the Redis engine can run each as a single Lua script and the embedded
+//! engine as one critical section.
+//!
+//! Engines keep their own clock (the embedded one a monotonic clock, the Redis
+//! one the Redis server's), so times cross this interface as durations from
+//! "now", never as absolute instants.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::StoreResult;
+use crate::names::{JobId, Tube};
+use crate::reply::JobBody;
+
+pub mod memory;
+
+/// Identifies a client connection within one delayq process.
+pub type ConnId = u64;
+
+/// A job to insert.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Where it goes.
+    pub tube: Tube,
+    /// The client-chosen id, or `None` for a server id.
+    pub id: Option<Arc<str>>,
+    /// Priority; lower is more urgent.
+    pub pri: u32,
+    /// Time before it becomes ready.
+    pub delay: Duration,
+    /// Time a reserver has before it comes back; at least one second.
+    pub ttr: Duration,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// What a `put` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PutOutcome {
+    /// Stored under this id.
+    Inserted(JobId),
+    /// A job with this client id already exists; nothing changed.
+    Exists(JobId),
+}
+
+/// A job just reserved, and how long the reserver has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reserved {
+    /// The job.
+    pub job: JobBody,
+    /// Its time to run: the deadline is now plus this.
+    pub ttr: Duration,
+}
+
+/// The four states of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for its delay to pass.
+    Delayed,
+    /// Waiting for a worker.
+    Ready,
+    /// Held by a worker until it finishes or its TTR runs out.
+    Reserved,
+    /// Set aside until kicked.
+    Buried,
+}
+
+impl JobState {
+    /// The name `stats-job` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Delayed => "delayed",
+            JobState::Ready => "ready",
+            JobState::Reserved => "reserved",
+            JobState::Buried => "buried",
+        }
+    }
+}
+
+/// The figures `stats-job` prints. Times are in whole seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobStats {
+    /// The job's own id.
+    pub id: JobId,
+    /// Its tube.
+    pub tube: Tube,
+    /// Its state.
+    pub state: JobState,
+    /// Its priority.
+    pub pri: u32,
+    /// Seconds since it was put.
+    pub age: u64,
+    /// Its delay, in seconds.
+    pub delay: u64,
+    /// Its TTR, in seconds.
+    pub ttr: u64,
+    /// Seconds until it becomes ready (delayed) or times out (reserved).
+    pub time_left: u64,
+    /// Times it was reserved.
+    pub reserves: u64,
+    /// Times its TTR ran out.
+    pub timeouts: u64,
+    /// Times it was released.
+    pub releases: u64,
+    /// Times it was buried.
+    pub buries: u64,
+    /// Times it was kicked.
+    pub kicks: u64,
+}
+
+/// Job counts by state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counts {
+    /// Ready jobs with priority below 1024.
+    pub urgent: u64,
+    /// Ready jobs.
+    pub ready: u64,
+    /// Reserved jobs.
+    pub reserved: u64,
+    /// Delayed jobs.
+    pub delayed: u64,
+    /// Buried jobs.
+    pub buried: u64,
+}
+
+/// The figures of `stats-tube` that the store keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TubeStats {
+    /// The tube.
+    pub name: Tube,
+    /// Jobs by state.
+    pub counts: Counts,
+    /// Jobs ever put into it.
+    pub total_jobs: u64,
+    /// Connections using it.
+    pub using: u64,
+    /// Connections watching it.
+    pub watching: u64,
+    /// Successful deletes of its jobs.
+    pub cmd_delete: u64,
+    /// `pause-tube` commands on it.
+    pub cmd_pause_tube: u64,
+    /// The last pause, in seconds.
+    pub pause: u64,
+    /// Seconds until it unpauses.
+    pub pause_time_left: u64,
+}
+
+/// The figures of `stats` that the store keeps.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoreStats {
+    /// Jobs by state, over all tubes.
+    pub counts: Counts,
+    /// Times any job's TTR ran out.
+    pub job_timeouts: u64,
+    /// Jobs ever put.
+    pub total_jobs: u64,
+    /// Tubes that exist now.
+    pub tubes: u64,
+}
+
+/// What a timer pass did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tick {
+    /// Tubes that may now have jobs to hand out.
+    pub ready: Vec<Tube>,
+    /// Time until the next thing falls due, if anything is pending.
+    pub next: Option<Duration>,
+}
+
+/// How a connection holds on to a tube, which keeps the tube in existence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TubeRef {
+    /// Named by `use`.
+    Using,
+    /// In the watch list.
+    Watching,
+}
+
+/// A storage engine. Every method is atomic on its own.
+///
+/// Methods that take a [`ConnId`] act for that connection: only the
+/// connection that reserved a job may release, bury, touch or finish it.
+pub trait Store: Send + Sync + 'static {
+    /// Inserts a job, ready or delayed.
+    fn put(&self, job: NewJob) -> impl Future<Output = StoreResult<PutOutcome>> + Send;
+
+    /// Reserves the most urgent ready job of the unpaused `tubes` (lowest
+    /// priority, then oldest) for `conn`.
+    fn reserve(
+        &self,
+        conn: ConnId,
+        tubes: &[Tube],
+    ) -> impl Future<Output = StoreResult<Option<Reserved>>> + Send;
+
+    /// Reserves one job by id, if it is ready, delayed or buried.
+    fn reserve_job(
+        &self,
+        conn: ConnId,
+        id: &JobId,
+    ) -> impl Future<Output = StoreResult<Option<Reserved>>> + Send;
+
+    /// Undoes a reservation that never reached its client (the waiting
+    /// connection had gone): back to ready, as if it had not happened.
+    fn give_back(&self, conn: ConnId, id: &JobId) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Deletes a job that is not reserved, or is reserved by `conn`.
+    /// Returns whether it existed.
+    fn delete(&self, conn: ConnId, id: &JobId) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Deletes a job only if `conn` has it reserved.
+    fn finish(&self, conn: ConnId, id: &JobId) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Puts a job reserved by `conn` back, ready or delayed. Returns its tube.
+    fn release(
+        &self,
+        conn: ConnId,
+        id: &JobId,
+        pri: u32,
+        delay: Duration,
+    ) -> impl Future<Output = StoreResult<Option<Tube>>> + Send;
+
+    /// Buries a job reserved by `conn`.
+    fn bury(
+        &self,
+        conn: ConnId,
+        id: &JobId,
+        pri: u32,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Restarts the TTR of a job reserved by `conn`; returns the TTR.
+    fn touch(
+        &self,
+        conn: ConnId,
+        id: &JobId,
+    ) -> impl Future<Output = StoreResult<Option<Duration>>> + Send;
+
+    /// Kicks up to `bound` buried jobs of `tube`, or if it has none, delayed ones.
+    fn kick(&self, tube: &Tube, bound: u64) -> impl Future<Output = StoreResult<u64>> + Send;
+
+    /// Kicks one buried or delayed job; returns its tube.
+    fn kick_job(&self, id: &JobId) -> impl Future<Output = StoreResult<Option<Tube>>> + Send;
+
+    /// Any job, by id.
+    fn peek(&self, id: &JobId) -> impl Future<Output = StoreResult<Option<JobBody>>> + Send;
+
+    /// The job `reserve` would take next from `tube`, paused or not.
+    fn peek_ready(&self, tube: &Tube) -> impl Future<Output = StoreResult<Option<JobBody>>> + Send;
+
+    /// The delayed job of `tube` that is due soonest.
+    fn peek_delayed(
+        &self,
+        tube: &Tube,
+    ) -> impl Future<Output = StoreResult<Option<JobBody>>> + Send;
+
+    /// The buried job of `tube` that `kick` would take first.
+    fn peek_buried(&self, tube: &Tube)
+    -> impl Future<Output = StoreResult<Option<JobBody>>> + Send;
+
+    /// A job's figures.
+    fn stats_job(&self, id: &JobId) -> impl Future<Output = StoreResult<Option<JobStats>>> + Send;
+
+    /// A tube's figures, if it exists.
+    fn stats_tube(
+        &self,
+        tube: &Tube,
+    ) -> impl Future<Output = StoreResult<Option<TubeStats>>> + Send;
+
+    /// Server-wide job figures.
+    fn stats(&self) -> impl Future<Output = StoreResult<StoreStats>> + Send;
+
+    /// Tubes that exist, oldest first.
+    fn list_tubes(&self) -> impl Future<Output = StoreResult<Vec<Tube>>> + Send;
+
+    /// Stops handing out jobs from an existing tube for `delay` (zero resumes).
+    fn pause_tube(
+        &self,
+        tube: &Tube,
+        delay: Duration,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Returns every job `conn` has reserved to ready (it disconnected).
+    /// Returns the tubes that got jobs back.
+    fn release_all(&self, conn: ConnId) -> impl Future<Output = StoreResult<Vec<Tube>>> + Send;
+
+    /// Moves what has fallen due: delayed jobs to ready, reserved jobs past
+    /// their TTR back to ready, paused tubes whose pause ran out.
+    fn tick(&self) -> impl Future<Output = StoreResult<Tick>> + Send;
+
+    /// Records that a connection uses or watches `tube`, creating it if needed.
+    fn attach(&self, tube: &Tube, how: TubeRef) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Undoes one [`Store::attach`]; a tube with no jobs and no users goes away.
+    fn detach(&self, tube: &Tube, how: TubeRef) -> impl Future<Output = StoreResult<()>> + Send;
+}
