@@ -330,6 +330,53 @@ mod tests {
         );
     }
 
+    fn decode_in_chunks(input: &[u8], cuts: &[usize]) -> (Vec<Request>, usize) {
+        let mut c = codec();
+        let mut buf = BytesMut::new();
+        let mut out = vec![];
+        let mut most = 0;
+        let mut from = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&input.len())) {
+            let cut = cut.clamp(from, input.len());
+            buf.extend_from_slice(&input[from..cut]);
+            from = cut;
+            while let Some(r) = c.decode(&mut buf).unwrap() {
+                out.push(r);
+            }
+            most = most.max(buf.len());
+        }
+        (out, most)
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any byte stream, cut anywhere: no panic, the same requests as when
+        /// decoded whole, and never more buffered than one frame can need.
+        #[test]
+        fn any_bytes_any_cuts(
+            input in proptest::collection::vec(
+                prop_oneof![
+                    Just(b"put 0 0 1 3\r\n".to_vec()),
+                    Just(b"put 0 0 1 30\r\n".to_vec()),
+                    Just(b"{\"command\":\"pop\",\"topic\":\"t\"}\n".to_vec()),
+                    Just(b"\r\n".to_vec()),
+                    proptest::collection::vec(any::<u8>(), 0..40),
+                    proptest::collection::vec(Just(b'x'), 1000..1100),
+                ],
+                0..30,
+            ).prop_map(|parts| parts.concat()),
+            mut cuts in proptest::collection::vec(0usize..40_000, 0..20),
+        ) {
+            cuts.sort_unstable();
+            let (whole, _) = decode_in_chunks(&input, &[]);
+            let (pieces, most) = decode_in_chunks(&input, &cuts);
+            prop_assert_eq!(whole, pieces);
+            let bound = codec().limits.json_line() + 40_000;
+            prop_assert!(most <= bound, "buffered {} bytes", most);
+        }
+    }
+
     #[test]
     fn json_line_mode() {
         let mut c = codec();

@@ -19,6 +19,9 @@ use crate::dispatch::Shared;
 use crate::stats::ServerStats;
 use crate::store::Store;
 
+/// How long shutdown waits for connections to finish what is in flight.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// Handles to steer a running server from outside (signals, tests).
 #[derive(Clone, Default)]
 pub struct Control {
@@ -64,5 +67,8 @@ pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, cont
     drop(listener);
     info!("shutting down: finishing open requests");
     tracker.close();
-    tracker.wait().await;
+    // A client that never reads its replies could hold a connection forever.
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
+        warn!("connections still busy after {SHUTDOWN_GRACE:?}; stopping anyway");
+    }
 }
