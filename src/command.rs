@@ -136,17 +136,79 @@ pub enum Line {
 /// Parses one command line (without its line ending).
 ///
 /// Arguments are separated by single spaces, as beanstalkd's own clients send
-/// them. The error words follow beanstalkd 1.12: an argument-taking command
-/// with no arguments at all is `UNKNOWN_COMMAND`, except where beanstalkd
-/// matches it as a prefix of an argument-less one (`reserve…`, `stats…`).
+/// them. Which error a malformed line gets follows beanstalkd 1.12, which
+/// recognises a command by prefix: `name ` for commands with arguments, the
+/// bare name for the others. So `delete` alone is `UNKNOWN_COMMAND`, while
+/// `stats-job` alone (which starts with `stats`) or `statsx` is `BAD_FORMAT`,
+/// and anything starting with `quit` quits.
 pub fn parse_line(line: &[u8]) -> Result<Line, ClientError> {
-    let mut parts = line.split(|&b| b == b' ');
-    let name = parts.next().unwrap_or_default();
-    let args: Vec<&[u8]> = parts.collect();
-    if args.iter().any(|a| a.is_empty()) {
-        return Err(ClientError::BadFormat);
+    if let Some(sp) = memchr::memchr(b' ', line) {
+        let (name, rest) = (&line[..sp], &line[sp + 1..]);
+        if WITH_ARGS.contains(&name) {
+            let args: Vec<&[u8]> = rest.split(|&b| b == b' ').collect();
+            if args.iter().any(|a| a.is_empty()) {
+                return Err(ClientError::BadFormat);
+            }
+            return with_args(name, &args);
+        }
     }
-    let cmd = match (name, args.as_slice()) {
+    let bare = BARE
+        .iter()
+        .find(|(name, _)| line.starts_with(name))
+        .ok_or(ClientError::UnknownCommand)?;
+    match bare {
+        (name, Some(cmd)) if line == *name => Ok(Line::Command(cmd.clone())),
+        (_, Some(Command::Quit)) => Ok(Line::Command(Command::Quit)),
+        _ => Err(ClientError::BadFormat),
+    }
+}
+
+/// Commands that take arguments, recognised by `name` followed by a space.
+const WITH_ARGS: &[&[u8]] = &[
+    b"put",
+    b"use",
+    b"reserve-with-timeout",
+    b"reserve-job",
+    b"delete",
+    b"finish",
+    b"release",
+    b"bury",
+    b"touch",
+    b"watch",
+    b"ignore",
+    b"peek",
+    b"kick",
+    b"kick-job",
+    b"stats-job",
+    b"stats-tube",
+    b"pause-tube",
+];
+
+/// Commands recognised by prefix, longest first so that `list-tubes-watched`
+/// is not taken for `list-tubes`. `pause-tube` is here too because beanstalkd
+/// matches it without its space, so a bare `pause-tube` is `BAD_FORMAT`
+/// (`None`: recognised, but never complete without arguments).
+const BARE: &[(&[u8], Option<Command>)] = &[
+    (b"list-tubes-watched", Some(Command::ListTubesWatched)),
+    (b"list-tube-used", Some(Command::ListTubeUsed)),
+    (b"list-tubes", Some(Command::ListTubes)),
+    (b"peek-delayed", Some(Command::PeekDelayed)),
+    (b"peek-buried", Some(Command::PeekBuried)),
+    (b"peek-ready", Some(Command::PeekReady)),
+    (b"pause-tube", None),
+    (
+        b"reserve",
+        Some(Command::Reserve {
+            timeout: None,
+            tube: None,
+        }),
+    ),
+    (b"stats", Some(Command::Stats)),
+    (b"quit", Some(Command::Quit)),
+];
+
+fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
+    let cmd = match (name, args) {
         (b"put", [pri, delay, ttr, bytes, rest @ ..]) if rest.len() <= 1 => {
             return Ok(Line::Put(PutHeader {
                 pri: num32(pri)?,
@@ -160,10 +222,6 @@ pub fn parse_line(line: &[u8]) -> Result<Line, ClientError> {
             }));
         }
         (b"use", [tube]) => Command::Use(tube_arg(tube)?),
-        (b"reserve", []) => Command::Reserve {
-            timeout: None,
-            tube: None,
-        },
         (b"reserve-with-timeout", [secs]) => Command::Reserve {
             timeout: Some(num32(secs)?),
             tube: None,
@@ -184,63 +242,14 @@ pub fn parse_line(line: &[u8]) -> Result<Line, ClientError> {
         (b"watch", [tube]) => Command::Watch(tube_arg(tube)?),
         (b"ignore", [tube]) => Command::Ignore(tube_arg(tube)?),
         (b"peek", [id]) => Command::Peek(id_arg(id)?),
-        (b"peek-ready", []) => Command::PeekReady,
-        (b"peek-delayed", []) => Command::PeekDelayed,
-        (b"peek-buried", []) => Command::PeekBuried,
         (b"kick", [bound]) => Command::Kick(parse_u64(bound).ok_or(ClientError::BadFormat)?),
         (b"kick-job", [id]) => Command::KickJob(id_arg(id)?),
         (b"stats-job", [id]) => Command::StatsJob(id_arg(id)?),
         (b"stats-tube", [tube]) => Command::StatsTube(tube_arg(tube)?),
-        (b"stats", []) => Command::Stats,
-        (b"list-tubes", []) => Command::ListTubes,
-        (b"list-tube-used", []) => Command::ListTubeUsed,
-        (b"list-tubes-watched", []) => Command::ListTubesWatched,
         (b"pause-tube", [tube, delay]) => Command::PauseTube(tube_arg(tube)?, num32(delay)?),
-        (b"quit", []) => Command::Quit,
-        (name, args) if is_known(name) => {
-            let prefix_of_bare = name.starts_with(b"reserve") || name.starts_with(b"stats");
-            return Err(if args.is_empty() && !prefix_of_bare {
-                ClientError::UnknownCommand
-            } else {
-                ClientError::BadFormat
-            });
-        }
-        _ => return Err(ClientError::UnknownCommand),
+        _ => return Err(ClientError::BadFormat),
     };
     Ok(Line::Command(cmd))
-}
-
-const NAMES: &[&[u8]] = &[
-    b"put",
-    b"use",
-    b"reserve",
-    b"reserve-with-timeout",
-    b"reserve-job",
-    b"delete",
-    b"finish",
-    b"release",
-    b"bury",
-    b"touch",
-    b"watch",
-    b"ignore",
-    b"peek",
-    b"peek-ready",
-    b"peek-delayed",
-    b"peek-buried",
-    b"kick",
-    b"kick-job",
-    b"stats-job",
-    b"stats-tube",
-    b"stats",
-    b"list-tubes",
-    b"list-tube-used",
-    b"list-tubes-watched",
-    b"pause-tube",
-    b"quit",
-];
-
-fn is_known(name: &[u8]) -> bool {
-    NAMES.contains(&name)
 }
 
 fn num32(raw: &[u8]) -> Result<u32, ClientError> {
@@ -291,6 +300,18 @@ mod tests {
         assert_eq!(cmd("PUT 0 0 0 0"), Err(ClientError::UnknownCommand));
         assert_eq!(cmd(""), Err(ClientError::UnknownCommand));
         assert_eq!(cmd("use a:b"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("pause-tube"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("pause-tubex"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("statsx"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("peek-readyx"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("foo "), Err(ClientError::UnknownCommand));
+        assert_eq!(cmd(" "), Err(ClientError::UnknownCommand));
+        assert_eq!(cmd("quit x"), Ok(Line::Command(Command::Quit)));
+        assert_eq!(
+            cmd("list-tubes-watched"),
+            Ok(Line::Command(Command::ListTubesWatched))
+        );
+        assert_eq!(cmd("reserve x"), Err(ClientError::BadFormat));
     }
 
     #[test]

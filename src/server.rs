@@ -68,7 +68,10 @@ pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, cont
     info!("shutting down: finishing open requests");
     tracker.close();
     // A client that never reads its replies could hold a connection forever.
-    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
         warn!("connections still busy after {SHUTDOWN_GRACE:?}; stopping anyway");
     }
 }

@@ -445,8 +445,8 @@ impl Store for MemoryStore {
         job.pri = pri;
         job.releases += 1;
         let delay = ms(delay);
+        job.delay = delay;
         let state = if delay > 0 {
-            job.delay = delay;
             St::Delayed { due: now + delay }
         } else {
             St::Ready
