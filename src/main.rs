@@ -38,6 +38,7 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
         .init();
     if args.redis.is_some() {
         error!("--redis is reserved for the Redis engine, which this version does not have yet");
