@@ -3,12 +3,13 @@
 //!
 //! Replies to pipelined commands are queued and written with one flush once
 //! no further command is already waiting in the read buffer. A blocked
-//! `reserve` waits on a channel while still watching the socket, so a client
+//! `reserve` waits on a channel while still reading the socket, so a client
 //! that hangs up stops waiting at once and its reservations come back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep_until};
@@ -44,14 +45,9 @@ pub async fn serve<S: Store>(
             return;
         }
     };
-    let mut stash = None;
     loop {
-        let request = match stash.take() {
-            Some(request) => request,
-            None => match next_request(&mut wire, &shutdown).await {
-                Some(request) => request,
-                None => break,
-            },
+        let Some(request) = next_request(&mut wire, &shutdown).await else {
+            break;
         };
         let mode = request.mode;
         let outcome = match request.command {
@@ -65,14 +61,7 @@ pub async fn serve<S: Store>(
                 if wire.flush().await.is_err() {
                     break;
                 }
-                let waited = wait(
-                    &mut wire,
-                    &mut session,
-                    tubes,
-                    timeout,
-                    &mut stash,
-                    &shutdown,
-                );
+                let waited = wait(&mut wire, &mut session, tubes, timeout, &shutdown);
                 match waited.await {
                     Some(reply) => reply,
                     None => break,
@@ -113,40 +102,53 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// Most bytes read ahead from a client while it is blocked in `reserve`;
+/// past this the server stops reading until the reserve is answered.
+const READ_AHEAD: usize = 64 * 1024;
+
 /// Blocks in `reserve`. Returns the reply, or `None` if the client left or
-/// the server is shutting down. A request that arrives meanwhile is kept in
-/// `stash` for afterwards.
+/// the server is shutting down.
+///
+/// Meanwhile the socket is still read, so a hang-up is seen at once; the
+/// bytes read (pipelined commands) are not decoded but put back in the read
+/// buffer afterwards, to be answered in order once the reserve is.
 async fn wait<S: Store>(
     wire: &mut Wire,
     session: &mut Session<S>,
     tubes: Arc<[Tube]>,
     timeout: Option<Duration>,
-    stash: &mut Option<Request>,
     shutdown: &CancellationToken,
 ) -> Option<Reply> {
     let timeout_at = timeout.map(|t| Instant::now() + t);
     let soon_at = session.deadline_soon_at();
     let (waiter, mut rx) = session.broker().wait(session.id, tubes).await;
-    let mut reading = stash.is_none();
+    let mut ahead = BytesMut::new();
     let give_up = loop {
+        let socket = wire.get_ref();
         tokio::select! {
             handed = &mut rx => {
+                wire.read_buffer_mut().extend_from_slice(&ahead);
                 // A sender is only dropped unsent if the waiter was taken
                 // without a job, which the broker never does.
                 return Some(handed.map_or(Reply::TimedOut, |got| session.took(got)));
             }
             () = sleep_until_some(timeout_at) => break Some(Reply::TimedOut),
             () = sleep_until_some(soon_at) => break Some(Reply::DeadlineSoon),
-            polled = wire.next(), if reading => match polled {
-                Some(Ok(request)) => {
-                    *stash = Some(request);
-                    reading = false;
+            ready = socket.readable(), if ahead.len() < READ_AHEAD => {
+                if ready.is_err() {
+                    break None;
                 }
-                _ => break None,
-            },
+                match socket.try_read_buf(&mut ahead) {
+                    Ok(0) => break None,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => break None,
+                }
+            }
             () = shutdown.cancelled() => break None,
         }
     };
+    wire.read_buffer_mut().extend_from_slice(&ahead);
     if session.broker().waiters.take(waiter).is_some() {
         return give_up;
     }

@@ -1,0 +1,262 @@
+//! The `delayq` binary itself: flags, start-up refusals, signals.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Client, REPLY_TIMEOUT};
+
+const BIN: &str = env!("CARGO_BIN_EXE_delayq");
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("bind port 0")
+        .port()
+}
+
+/// Runs the binary to its exit, which must come within the reply timeout.
+fn run_to_exit(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn delayq");
+    let status = wait_exit(&mut child, REPLY_TIMEOUT);
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Waits for `child` to exit; kills it and fails if it does not in time.
+fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("delayq did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `delayq` process on its own port; killed if still running
+/// when dropped.
+struct Daemon {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Daemon {
+    /// Starts the binary with `args` added and waits until it accepts.
+    async fn start(args: &[&str]) -> Daemon {
+        let port = free_port();
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let child = Command::new(BIN)
+            .args(["-l", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn delayq");
+        let mut daemon = Daemon { child, addr };
+        // Nothing to await but the port opening: poll for it.
+        let start = Instant::now();
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if let Some(status) = daemon.child.try_wait().expect("try_wait") {
+                panic!("delayq exited during start-up: {status}");
+            }
+            assert!(start.elapsed() < REPLY_TIMEOUT, "delayq never listened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        daemon
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect(self.addr).await
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: sending a signal to our own child process.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig})");
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        wait_exit(&mut self.child, REPLY_TIMEOUT)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn help_lists_the_flags() {
+    for help in ["--help", "-h"] {
+        let out = run_to_exit(&[help]);
+        assert!(out.status.success(), "{help}: {:?}", out.status);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for flag in ["-l", "-p", "-z", "--redis", "--version", "--help"] {
+            assert!(
+                text.contains(flag),
+                "{help} does not mention {flag}:\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    for flag in ["--version", "-V"] {
+        let out = run_to_exit(&[flag]);
+        assert!(out.status.success(), "{flag}: {:?}", out.status);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.trim(),
+            format!("delayq {}", env!("CARGO_PKG_VERSION")),
+            "{flag}"
+        );
+    }
+}
+
+#[test]
+fn redis_is_refused_until_the_engine_exists() {
+    let port = free_port().to_string();
+    let out = run_to_exit(&["--redis", "redis://x", "-p", &port]);
+    assert!(!out.status.success(), "{:?}", out.status);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+    .to_lowercase();
+    assert!(
+        text.contains("redis") && text.contains("engine") && text.contains("yet"),
+        "message does not say the Redis engine is not available yet:\n{text}"
+    );
+}
+
+#[test]
+fn bad_flags_are_refused() {
+    // Each names a free port, so a flag wrongly accepted cannot collide.
+    let port = free_port().to_string();
+    for args in [
+        &["-p", "notaport"][..],
+        &["--no-such-flag", "-p", &port],
+        &["-z", "-1", "-p", &port],
+        &["-p", "70000"],
+    ] {
+        let out = run_to_exit(args);
+        assert!(!out.status.success(), "{args:?}: {:?}", out.status);
+    }
+}
+
+#[tokio::test]
+async fn put_reserve_delete_round_trip() {
+    let daemon = Daemon::start(&[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.put(0, 0, 60, b"hello").await, "INSERTED 1");
+    let job = c.reserve_body().await;
+    assert_eq!((job.id.as_str(), &job.body[..]), ("1", &b"hello"[..]));
+    assert_eq!(c.cmd("delete 1").await, "DELETED");
+    let s = c.stats().await;
+    assert_eq!(
+        s.get("version"),
+        format!("\"{}\"", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(s.num("max-job-size"), 65_535);
+    assert_eq!(s.num("pid"), u64::from(daemon.child.id()));
+}
+
+#[tokio::test]
+async fn sigterm_exits_cleanly_with_a_client_blocked_in_reserve() {
+    let mut daemon = Daemon::start(&[]).await;
+    let mut blocked = daemon.client().await;
+    let mut idle = daemon.client().await;
+    blocked.send_line("reserve").await;
+    idle.wait_stat("current-waiting", 1).await;
+    let stopped_at = Instant::now();
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait_exit();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    assert!(stopped_at.elapsed() < Duration::from_secs(3));
+    assert!(blocked.expect_closed().await.is_empty());
+    assert!(idle.expect_closed().await.is_empty());
+}
+
+#[tokio::test]
+async fn sigint_exits_cleanly() {
+    let mut daemon = Daemon::start(&[]).await;
+    let mut c = daemon.client().await;
+    c.ping().await;
+    daemon.signal(libc::SIGINT);
+    let status = daemon.wait_exit();
+    assert!(status.success(), "exit status after SIGINT: {status}");
+}
+
+#[tokio::test]
+async fn sigusr1_starts_draining() {
+    let mut daemon = Daemon::start(&[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.put(0, 0, 60, b"before").await, "INSERTED 1");
+    daemon.signal(libc::SIGUSR1);
+    c.poll_yaml("stats", |y| y.get("draining") == "true").await;
+    assert_eq!(c.put(0, 0, 60, b"after").await, "DRAINING");
+    // Still serving what it has, and still running.
+    assert_eq!(c.reserve_body().await.body, b"before");
+    assert_eq!(c.cmd("delete 1").await, "DELETED");
+    assert!(daemon.child.try_wait().unwrap().is_none());
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait_exit().success());
+}
+
+#[tokio::test]
+async fn z_flag_limits_the_job_size() {
+    let daemon = Daemon::start(&["-z", "10"]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.stats().await.num("max-job-size"), 10);
+    assert_eq!(c.put(0, 0, 60, b"01234567890").await, "JOB_TOO_BIG");
+    assert_eq!(c.put(0, 0, 60, b"0123456789").await, "INSERTED 1");
+    assert_eq!(c.reserve_body().await.body, b"0123456789");
+}
+
+#[tokio::test]
+async fn z_flag_is_capped_at_beanstalkds_ceiling() {
+    let daemon = Daemon::start(&["-z", "2000000000"]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.stats().await.num("max-job-size"), 1_073_741_824);
+}
