@@ -18,7 +18,7 @@ use tracing::{error, warn};
 
 use crate::error::StoreResult;
 use crate::names::{JobId, Tube};
-use crate::store::{ConnId, NewJob, PutOutcome, Reserved, Store};
+use crate::store::{ConnId, NewJob, PutOutcome, Reserved, Store, StoreEvent};
 use crate::waiters::{WaiterId, Waiters};
 
 /// How long the timer waits before retrying a tick that failed.
@@ -212,6 +212,25 @@ impl<S: Store> Broker<S> {
         }
     }
 
+    /// Serves the tubes other processes announce until shutdown (only for
+    /// engines shared between processes).
+    pub async fn run_events(&self, shutdown: CancellationToken) {
+        let Some(mut events) = self.store.events() else {
+            return;
+        };
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => event,
+                () = shutdown.cancelled() => return,
+            };
+            match event {
+                Some(StoreEvent::Ready(tube)) => self.serve(&[tube]).await,
+                Some(StoreEvent::Resync) => self.serve(&self.waiters.tubes()).await,
+                None => return,
+            }
+        }
+    }
+
     /// The timer: moves due jobs, hands them out, sleeps until the next due
     /// time or until woken by an earlier one. Returns on shutdown.
     pub async fn run_timer(&self, shutdown: CancellationToken) {
@@ -228,6 +247,10 @@ impl<S: Store> Broker<S> {
                     warn!(error = %e, "timer tick failed; retrying");
                     Some(TICK_RETRY)
                 }
+            };
+            let next = match (next, self.store.max_sleep()) {
+                (Some(due), Some(most)) => Some(due.min(most)),
+                (due, most) => due.or(most),
             };
             if let Some(after) = next {
                 self.alarm

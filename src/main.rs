@@ -13,6 +13,7 @@ use tracing_subscriber::EnvFilter;
 use delayq::config::{Config, MAX_JOB_SIZE_CEILING};
 use delayq::server::{Control, run};
 use delayq::store::memory::MemoryStore;
+use delayq::store::redis::RedisStore;
 
 /// A delay-queue job server speaking beanstalkd's protocol.
 #[derive(Parser, Debug)]
@@ -27,10 +28,13 @@ struct Args {
     /// Largest job body in bytes (at most 1073741824).
     #[arg(short = 'z', value_name = "BYTES", default_value_t = 65535)]
     max_job_size: usize,
-    /// Store jobs in Redis at this URL (not available yet: the embedded
-    /// engine is the only one in this version).
+    /// Store jobs in Redis at this URL (redis://[:password@]host:port/db, or
+    /// redis+unix:///path). Without it, jobs live in this process's memory.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// Prefix of every Redis key delayq uses (it becomes the keys' hash tag).
+    #[arg(long, value_name = "PREFIX", default_value = "delayq:")]
+    redis_prefix: String,
 }
 
 #[tokio::main]
@@ -40,8 +44,8 @@ async fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    if args.redis.is_some() {
-        error!("--redis is reserved for the Redis engine, which this version does not have yet");
+    if args.redis_prefix.contains(['{', '}']) {
+        error!("--redis-prefix may not contain braces: delayq adds its own hash tag");
         return ExitCode::from(2);
     }
     let mut max_job_size = args.max_job_size;
@@ -80,19 +84,25 @@ async fn main() -> ExitCode {
         error!(error = %e, "cannot install signal handlers");
         return ExitCode::FAILURE;
     }
-    info!(
-        addr = %listener.local_addr().unwrap_or(addr),
-        engine = "embedded",
-        max_job_size,
-        "delayq listening with the embedded engine"
-    );
-    run(
-        listener,
-        MemoryStore::new(),
-        Config { max_job_size },
-        control,
-    )
-    .await;
+    let addr = listener.local_addr().unwrap_or(addr);
+    let config = Config { max_job_size };
+    match &args.redis {
+        None => {
+            info!(%addr, max_job_size, "delayq listening with the embedded engine");
+            run(listener, MemoryStore::new(), config, control).await;
+        }
+        Some(url) => {
+            let store = match RedisStore::connect(url, &args.redis_prefix).await {
+                Ok(store) => store,
+                Err(e) => {
+                    error!(error = %e, "cannot connect to Redis");
+                    return ExitCode::FAILURE;
+                }
+            };
+            info!(%addr, max_job_size, prefix = %args.redis_prefix, "delayq listening with the Redis engine");
+            run(listener, store, config, control).await;
+        }
+    }
     info!("delayq stopped");
     ExitCode::SUCCESS
 }

@@ -105,6 +105,11 @@ impl Waiters {
         self.lock().queues.get(tube).map_or(0, |q| q.len() as u64)
     }
 
+    /// Every tube someone waits on.
+    pub fn tubes(&self) -> Vec<Tube> {
+        self.lock().queues.keys().cloned().collect()
+    }
+
     /// Connections waiting on any tube.
     pub fn total(&self) -> u64 {
         self.lock().entries.len() as u64

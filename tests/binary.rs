@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::redis::RedisServer;
 use common::{Client, REPLY_TIMEOUT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_delayq");
@@ -154,19 +155,100 @@ fn version_prints_the_crate_version() {
 }
 
 #[test]
-fn redis_is_refused_until_the_engine_exists() {
+fn unreachable_redis_is_refused_at_start() {
     let port = free_port().to_string();
-    let out = run_to_exit(&["--redis", "redis://x", "-p", &port]);
+    let url = format!("redis://127.0.0.1:{}/", free_port());
+    let out = run_to_exit(&["--redis", &url, "-p", &port]);
     assert!(!out.status.success(), "{:?}", out.status);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-    .to_lowercase();
+    let text = String::from_utf8_lossy(&out.stderr).to_lowercase();
     assert!(
-        text.contains("redis") && text.contains("engine") && text.contains("yet"),
-        "message does not say the Redis engine is not available yet:\n{text}"
+        text.contains("cannot connect to redis"),
+        "start-up error does not name Redis:\n{text}"
+    );
+}
+
+#[test]
+fn braces_in_the_redis_prefix_are_refused() {
+    let port = free_port().to_string();
+    let out = run_to_exit(&[
+        "--redis",
+        "redis://127.0.0.1:1/",
+        "--redis-prefix",
+        "a{b}",
+        "-p",
+        &port,
+    ]);
+    assert!(!out.status.success(), "{:?}", out.status);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("braces"));
+}
+
+#[tokio::test]
+async fn jobs_survive_a_restart_on_redis() {
+    let redis = RedisServer::start(&[]);
+    let mut first = Daemon::start(&["--redis", &redis.url]).await;
+    let mut c = first.client().await;
+    assert_eq!(c.put(5, 0, 60, b"ready").await, "INSERTED 1");
+    assert_eq!(c.put(0, 1, 60, b"later").await, "INSERTED 2");
+    assert_eq!(
+        c.put_id(0, 0, 60, b"mine", "order-close:4711").await,
+        "INSERTED order-close:4711"
+    );
+    drop(c);
+    first.signal(libc::SIGTERM);
+    assert!(first.wait_exit().success());
+
+    let second = Daemon::start(&["--redis", &redis.url]).await;
+    let mut c = second.client().await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let job = c.reserved("reserve-with-timeout 5").await;
+        got.push((job.id, String::from_utf8(job.body).unwrap()));
+    }
+    got.sort();
+    let expected = [("1", "ready"), ("2", "later"), ("order-close:4711", "mine")];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(got, expected);
+    // Server ids go on from where the first process left them.
+    assert_eq!(c.put(0, 0, 60, b"next").await, "INSERTED 4");
+}
+
+#[tokio::test]
+async fn a_job_put_on_one_process_reaches_a_worker_blocked_on_another() {
+    let redis = RedisServer::start(&[]);
+    let a = Daemon::start(&["--redis", &redis.url]).await;
+    let b = Daemon::start(&["--redis", &redis.url]).await;
+    let mut worker = b.client().await;
+    let mut watcher = b.client().await;
+    worker.send_line("reserve").await;
+    watcher.wait_stat("current-waiting", 1).await;
+    let mut producer = a.client().await;
+    let put_at = Instant::now();
+    assert_eq!(producer.put(0, 0, 60, b"across").await, "INSERTED 1");
+    let line = worker.line().await;
+    assert_eq!(worker.job_after("RESERVED", &line).await.body, b"across");
+    assert!(
+        put_at.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        put_at.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_delayed_job_of_a_killed_process_is_delivered_by_another() {
+    let redis = RedisServer::start(&[]);
+    let mut a = Daemon::start(&["--redis", &redis.url]).await;
+    let b = Daemon::start(&["--redis", &redis.url]).await;
+    let mut producer = a.client().await;
+    assert_eq!(producer.put(0, 1, 60, b"orphan").await, "INSERTED 1");
+    a.signal(libc::SIGKILL);
+    a.wait_exit();
+    let mut worker = b.client().await;
+    assert_eq!(
+        worker.reserved("reserve-with-timeout 5").await.body,
+        b"orphan"
     );
 }
 

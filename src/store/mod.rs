@@ -17,6 +17,7 @@ use crate::names::{JobId, Tube};
 use crate::reply::JobBody;
 
 pub mod memory;
+pub mod redis;
 
 /// Identifies a client connection within one delayq process.
 pub type ConnId = u64;
@@ -181,6 +182,16 @@ pub enum TubeRef {
     Watching,
 }
 
+/// Something another process did that this one must react to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreEvent {
+    /// Jobs became ready in this tube: serve its waiting connections.
+    Ready(Tube),
+    /// Events may have been missed (the engine reconnected): serve every
+    /// tube that has waiting connections.
+    Resync,
+}
+
 /// A storage engine. Every method is atomic on its own.
 ///
 /// Methods that take a [`ConnId`] act for that connection: only the
@@ -296,4 +307,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Undoes one [`Store::attach`]; a tube with no jobs and no users goes away.
     fn detach(&self, tube: &Tube, how: TubeRef) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Events from other processes sharing the storage, if it is shared.
+    /// Called once, when the server starts.
+    fn events(&self) -> Option<tokio::sync::mpsc::Receiver<StoreEvent>> {
+        None
+    }
+
+    /// The longest the timer may sleep even with nothing due. A shared engine
+    /// sets this, because another process may create a due time and die
+    /// before it falls due.
+    fn max_sleep(&self) -> Option<Duration> {
+        None
+    }
 }

@@ -12,6 +12,8 @@
 // Each test binary uses its own part of the harness.
 #![allow(dead_code, unused_macros)]
 
+pub mod redis;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -20,6 +22,8 @@ use std::time::{Duration, Instant};
 use delayq::config::Config;
 use delayq::server::{Control, run};
 use delayq::store::memory::MemoryStore;
+use delayq::store::redis::RedisStore;
+use redis::RedisServer;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -68,7 +72,7 @@ macro_rules! backends {
     };
 }
 
-backends!($ memory => Memory);
+backends!($ memory => Memory, redis => Redis);
 
 /// A server running on the current tokio runtime, on its own port.
 /// Dropping it shuts the server down.
@@ -80,6 +84,9 @@ pub struct TestServer {
     /// The backend it runs on.
     pub backend: Backend,
     task: JoinHandle<()>,
+    /// The server's own Redis, for the Redis backend; dropped after `task`
+    /// is told to stop.
+    redis: Option<RedisServer>,
 }
 
 impl TestServer {
@@ -95,9 +102,18 @@ impl TestServer {
             .expect("bind a loopback port");
         let addr = listener.local_addr().expect("local address");
         let control = Control::default();
-        let task = match backend {
+        let (task, redis) = match backend {
             Backend::Memory => {
-                tokio::spawn(run(listener, MemoryStore::new(), config, control.clone()))
+                let task = tokio::spawn(run(listener, MemoryStore::new(), config, control.clone()));
+                (task, None)
+            }
+            Backend::Redis => {
+                let redis = RedisServer::start(&[]);
+                let store = RedisStore::connect(&redis.url, "delayq:")
+                    .await
+                    .expect("connect to the test's redis-server");
+                let task = tokio::spawn(run(listener, store, config, control.clone()));
+                (task, Some(redis))
             }
         };
         TestServer {
@@ -105,6 +121,7 @@ impl TestServer {
             control,
             backend,
             task,
+            redis,
         }
     }
 

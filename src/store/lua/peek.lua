@@ -1,0 +1,13 @@
+-- peek: look at a job without changing it.
+-- ARGV: prefix, 'id' | 'ready' | 'delayed' | 'buried', id or tube
+-- Returns {id, tube, body} or false.
+local mode, arg = ARGV[2], ARGV[3]
+local key, job
+if mode == 'id' then
+  key, job = key_of(arg)
+else
+  key = redis.call('ZRANGE', tube_key(mode, arg), 0, 0)[1]
+  if key then job = load(key) end
+end
+if key == nil or job == nil then return false end
+return body_of(key, job)

@@ -1,0 +1,155 @@
+-- Shared by every delayq script; each script's own file is appended to it.
+--
+-- ARGV[1] is always the key prefix including its hash tag, such as
+-- "{delayq:}". Every key begins with it, so every key a script touches lies
+-- in one hash slot. The fixed keys are declared in KEYS by the caller; the
+-- per-tube and per-connection keys are derived here from the job's stored
+-- tube or the caller's arguments, under the same prefix.
+--
+-- A job is a 12-hex-digit key (its server sequence number) with:
+--   P.."jobs"   hash  key -> cmsgpack array (fields below)
+--   P.."bodies" hash  key -> body
+--   P.."names"  hash  client id -> key (only for client-chosen ids)
+-- and one index entry for its state:
+--   ready    P.."ready:"..tube    zset  score priority, member key
+--   delayed  P.."delayed:"..tube  zset  score due (ms), member key
+--            P.."due"             zset  tube -> earliest due time (may lag)
+--   reserved P.."reserved"        zset  score deadline (ms), member key
+--            P.."held:"..owner    set   keys the connection `owner` holds
+--   buried   P.."buried:"..tube   zset  score burial sequence, member key
+
+local P = ARGV[1]
+
+-- Job fields (indexes into the cmsgpack array).
+local STATE, PRI, DELAY, TTR, CREATED, AT, OWNER, TUBE, NAME = 1, 2, 3, 4, 5, 6, 7, 8, 9
+local RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS = 10, 11, 12, 13, 14
+local URGENT = 1024
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function tube_key(kind, tube) return P .. kind .. ':' .. tube end
+
+local function load(key)
+  local raw = redis.call('HGET', P .. 'jobs', key)
+  if not raw then return nil end
+  return cmsgpack.unpack(raw)
+end
+
+local function save(key, job) redis.call('HSET', P .. 'jobs', key, cmsgpack.pack(job)) end
+
+-- The key of the job named by a wire id: digits are a server id, anything
+-- else a client-chosen one. A server id never names a job that has a name.
+local function key_of(id)
+  if string.match(id, '^%d+$') then
+    local n = tonumber(id)
+    if n == nil or n >= 2 ^ 48 then return nil end
+    local key = string.format('%012x', n)
+    local job = load(key)
+    if job == nil or job[NAME] ~= '' then return nil end
+    return key, job
+  end
+  local key = redis.call('HGET', P .. 'names', id)
+  if not key then return nil end
+  return key, load(key)
+end
+
+local function id_of(key, job)
+  if job[NAME] ~= '' then return job[NAME] end
+  return string.format('%d', tonumber(key, 16))
+end
+
+-- Tubes that got ready jobs during this script, each announced once on
+-- P.."events" so that every delayq process serves its waiting connections.
+local announced = {}
+local function announce(tube)
+  if not announced[tube] then
+    announced[tube] = true
+    redis.call('PUBLISH', P .. 'events', tube)
+  end
+end
+
+local function ensure_tube(tube)
+  if not redis.call('ZSCORE', P .. 'tubes', tube) then
+    redis.call('ZADD', P .. 'tubes', redis.call('INCR', P .. 'tube-seq'), tube)
+  end
+end
+
+-- A tube exists while it is used, watched or holds jobs; "default" always.
+local function forget_if_unused(tube)
+  if tube == 'default' then return end
+  local t = tube_key('tube', tube)
+  local busy = redis.call('HMGET', t, 'reserved', 'using', 'watching')
+  for _, n in ipairs(busy) do
+    if tonumber(n or 0) > 0 then return end
+  end
+  if redis.call('ZCARD', tube_key('ready', tube)) > 0
+    or redis.call('ZCARD', tube_key('delayed', tube)) > 0
+    or redis.call('ZCARD', tube_key('buried', tube)) > 0 then
+    return
+  end
+  redis.call('DEL', t)
+  redis.call('ZREM', P .. 'tubes', tube)
+  redis.call('ZREM', P .. 'pauses', tube)
+  redis.call('ZREM', P .. 'due', tube)
+end
+
+-- Takes a job out of the index of its current state.
+local function unlink(key, job)
+  local tube, state = job[TUBE], job[STATE]
+  if state == 'ready' then
+    redis.call('ZREM', tube_key('ready', tube), key)
+    if job[PRI] < URGENT then redis.call('HINCRBY', tube_key('tube', tube), 'urgent', -1) end
+  elseif state == 'delayed' then
+    -- P.."due" may now point earlier than the tube's first job: the timer
+    -- then finds nothing due there and moves the entry on.
+    redis.call('ZREM', tube_key('delayed', tube), key)
+  elseif state == 'reserved' then
+    redis.call('ZREM', P .. 'reserved', key)
+    redis.call('SREM', P .. 'held:' .. job[OWNER], key)
+    redis.call('HINCRBY', tube_key('tube', tube), 'reserved', -1)
+  elseif state == 'buried' then
+    redis.call('ZREM', tube_key('buried', tube), key)
+  end
+end
+
+-- Puts an unlinked job into `state` (with its due time, deadline or burial
+-- sequence `at`) and saves it.
+local function link(key, job, state, at)
+  local tube = job[TUBE]
+  job[STATE], job[AT] = state, at
+  if state == 'ready' then
+    redis.call('ZADD', tube_key('ready', tube), job[PRI], key)
+    if job[PRI] < URGENT then redis.call('HINCRBY', tube_key('tube', tube), 'urgent', 1) end
+    announce(tube)
+  elseif state == 'delayed' then
+    redis.call('ZADD', tube_key('delayed', tube), at, key)
+    redis.call('ZADD', P .. 'due', 'LT', at, tube)
+  elseif state == 'reserved' then
+    redis.call('ZADD', P .. 'reserved', at, key)
+    redis.call('SADD', P .. 'held:' .. job[OWNER], key)
+    redis.call('HINCRBY', tube_key('tube', tube), 'reserved', 1)
+  elseif state == 'buried' then
+    redis.call('ZADD', tube_key('buried', tube), at, key)
+  end
+  save(key, job)
+end
+
+-- The job as handed to a client: id, tube, body.
+local function body_of(key, job)
+  return { id_of(key, job), job[TUBE], redis.call('HGET', P .. 'bodies', key) }
+end
+
+local function reserve_key(key, job, owner, now)
+  unlink(key, job)
+  job[RESERVES] = job[RESERVES] + 1
+  job[OWNER] = owner
+  link(key, job, 'reserved', now + job[TTR])
+  local out = body_of(key, job)
+  out[4] = job[TTR]
+  return out
+end
+
+local function is_held(job, owner) return job[STATE] == 'reserved' and job[OWNER] == owner end

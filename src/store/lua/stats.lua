@@ -1,0 +1,14 @@
+-- stats: job figures over all tubes.
+-- ARGV: prefix
+-- Returns {urgent, ready, reserved, delayed, buried, timeouts, total jobs, tubes}.
+local urgent, ready, delayed, buried = 0, 0, 0, 0
+local tubes = redis.call('ZRANGE', P .. 'tubes', 0, -1)
+for _, tube in ipairs(tubes) do
+  urgent = urgent + tonumber(redis.call('HGET', tube_key('tube', tube), 'urgent') or 0)
+  ready = ready + redis.call('ZCARD', tube_key('ready', tube))
+  delayed = delayed + redis.call('ZCARD', tube_key('delayed', tube))
+  buried = buried + redis.call('ZCARD', tube_key('buried', tube))
+end
+local totals = redis.call('HMGET', P .. 'totals', 'timeouts', 'jobs')
+return { urgent, ready, redis.call('ZCARD', P .. 'reserved'), delayed, buried,
+  tonumber(totals[1] or 0), tonumber(totals[2] or 0), #tubes }

@@ -1,0 +1,605 @@
+//! The Redis engine: the job pool, delay buckets and ready queues live in
+//! Redis, so jobs survive a delayq restart and several delayq processes can
+//! share one Redis.
+//!
+//! Every transition is one Lua script (`lua/*.lua`, each prefixed with
+//! `lua/prelude.lua`), loaded once and called by hash, so no state is ever
+//! read and written back across round trips. Times come from Redis's own
+//! clock inside the scripts, so processes on different hosts agree on when a
+//! job is due. All calls share one multiplexed connection that reconnects by
+//! itself; a second connection listens on the `events` channel, where the
+//! scripts announce tubes that got ready jobs, so a job made ready by one
+//! process reaches a worker blocked on another.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, RedisError, Script, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::{info, warn};
+
+use super::{
+    ConnId, Counts, JobState, JobStats, NewJob, PutOutcome, Reserved, Store, StoreEvent,
+    StoreStats, Tick, TubeRef, TubeStats,
+};
+use crate::error::{StoreError, StoreResult};
+use crate::names::{JobId, Tube};
+use crate::reply::JobBody;
+
+/// Most jobs one script call moves (a tick, a kick, a disconnect), so no
+/// call blocks Redis for long.
+const BATCH: u64 = 1000;
+/// How long a Redis call may take before it fails with `INTERNAL_ERROR`.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the event listener retries while Redis is unreachable.
+const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+/// The timer's longest sleep: another process may have created a due time
+/// and died before it fell due.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+
+macro_rules! scripts {
+    ($($name:ident),+ $(,)?) => {
+        /// One loaded script per transition.
+        struct Scripts { $($name: Script,)+ }
+
+        impl Scripts {
+            fn load() -> Scripts {
+                Scripts {
+                    $($name: Script::new(&format!(
+                        // The shebang makes Redis refuse the whole script up
+                        // front when it is out of memory, so a write is never
+                        // left half done.
+                        "#!lua\n{PRELUDE}\n{}",
+                        include_str!(concat!("lua/", stringify!($name), ".lua"))
+                    )),)+
+                }
+            }
+        }
+    };
+}
+
+scripts!(
+    put,
+    reserve,
+    reserve_job,
+    give_back,
+    delete,
+    release,
+    bury,
+    touch,
+    kick,
+    kick_job,
+    peek,
+    stats_job,
+    stats_tube,
+    stats,
+    pause_tube,
+    release_all,
+    tick,
+    tube_ref,
+);
+
+/// The Redis storage engine.
+pub struct RedisStore {
+    conn: ConnectionManager,
+    /// The key prefix in braces, so every key shares one hash tag.
+    tag: String,
+    /// Distinguishes this process's connections from other processes'.
+    process: String,
+    scripts: Scripts,
+    events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
+    /// Stops the event listener when the store is dropped.
+    _listener: DropGuard,
+}
+
+/// Script arguments, each turned into the bytes Redis receives.
+macro_rules! args {
+    ($($arg:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut args: Vec<Vec<u8>> = Vec::new();
+        $(args.extend(redis::ToRedisArgs::to_redis_args($arg));)*
+        args
+    }};
+}
+
+fn fail(e: RedisError) -> StoreError {
+    if e.code() == Some("OOM") {
+        StoreError::OutOfMemory
+    } else {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Unavailable(format!("unexpected reply from Redis: {what}"))
+}
+
+fn parse<T: FromRedisValue>(v: Value) -> StoreResult<T> {
+    redis::from_redis_value(v).map_err(|e| corrupt(&e.to_string()))
+}
+
+fn job_id(raw: &str) -> StoreResult<JobId> {
+    JobId::parse(raw.as_bytes()).ok_or_else(|| corrupt("job id"))
+}
+
+fn tube(raw: &str) -> StoreResult<Tube> {
+    Tube::parse(raw.as_bytes()).ok_or_else(|| corrupt("tube name"))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn job_body((id, t, body): (String, String, Vec<u8>)) -> StoreResult<JobBody> {
+    Ok(JobBody {
+        id: job_id(&id)?,
+        tube: tube(&t)?,
+        body: Bytes::from(body),
+    })
+}
+
+fn reserved(got: Option<(String, String, Vec<u8>, u64)>) -> StoreResult<Option<Reserved>> {
+    got.map(|(id, t, body, ttr)| {
+        Ok(Reserved {
+            job: job_body((id, t, body))?,
+            ttr: Duration::from_millis(ttr),
+        })
+    })
+    .transpose()
+}
+
+impl RedisStore {
+    /// Connects to the Redis at `url` and keeps its keys under `prefix`.
+    ///
+    /// Warns loudly if Redis may evict keys, since an evicted key is a lost job.
+    pub async fn connect(url: &str, prefix: &str) -> StoreResult<RedisStore> {
+        let client = redis::Client::open(url).map_err(fail)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CALL_TIMEOUT))
+            .set_response_timeout(Some(CALL_TIMEOUT))
+            .set_number_of_retries(2);
+        let mut conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(fail)?;
+        let tag = format!("{{{prefix}}}");
+        redis::cmd("ZADD")
+            .arg(format!("{tag}tubes"))
+            .arg("NX")
+            .arg(0)
+            .arg("default")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(fail)?;
+        warn_if_evicting(&mut conn).await;
+        let (tx, rx) = mpsc::channel(1024);
+        let stop = CancellationToken::new();
+        tokio::spawn(listen(client, format!("{tag}events"), tx, stop.clone()));
+        let process = format!(
+            "{:016x}",
+            std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
+        );
+        Ok(RedisStore {
+            conn,
+            tag,
+            process,
+            scripts: Scripts::load(),
+            events: Mutex::new(Some(rx)),
+            _listener: stop.drop_guard(),
+        })
+    }
+
+    fn owner(&self, conn: ConnId) -> String {
+        format!("{}:{conn}", self.process)
+    }
+
+    /// Runs `script` with the key prefix and then `args` as ARGV.
+    async fn call<T: FromRedisValue>(&self, script: &Script, args: Vec<Vec<u8>>) -> StoreResult<T> {
+        let mut invocation = script.prepare_invoke();
+        invocation.arg(&self.tag);
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut conn = self.conn.clone();
+        invocation.invoke_async(&mut conn).await.map_err(fail)
+    }
+}
+
+async fn warn_if_evicting(conn: &mut ConnectionManager) {
+    let policy: Result<(String, String), _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    match policy {
+        Ok((_, policy)) if policy != "noeviction" => warn!(
+            %policy,
+            "REDIS MAY EVICT KEYS: maxmemory-policy is not noeviction, so jobs can be lost \
+             when Redis is full; set `maxmemory-policy noeviction`"
+        ),
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot read maxmemory-policy; make sure it is noeviction"),
+    }
+}
+
+/// Listens on the events channel until `stop`, reconnecting as needed.
+async fn listen(
+    client: redis::Client,
+    channel: String,
+    tx: mpsc::Sender<StoreEvent>,
+    stop: CancellationToken,
+) {
+    let mut connected_before = false;
+    loop {
+        let session = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            if connected_before {
+                info!("Redis events channel back");
+            }
+            // Whatever was announced while we were away is caught up here.
+            let _ = tx.send(StoreEvent::Resync).await;
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                if let Some(t) = Tube::parse(msg.get_payload_bytes()) {
+                    let _ = tx.send(StoreEvent::Ready(t)).await;
+                }
+            }
+            Ok::<(), RedisError>(())
+        };
+        tokio::select! {
+            ended = session => match ended {
+                Ok(()) => warn!("Redis events channel closed; reconnecting"),
+                Err(e) => warn!(error = %e, "Redis events channel unavailable; retrying"),
+            },
+            () = stop.cancelled() => return,
+        }
+        connected_before = true;
+        tokio::select! {
+            () = tokio::time::sleep(RECONNECT_DELAY) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+impl Store for RedisStore {
+    async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
+        let name = job.id.as_deref().unwrap_or("");
+        let (inserted, id): (i64, String) = self
+            .call(
+                &self.scripts.put,
+                args![
+                    &job.tube.as_str(),
+                    &name,
+                    &job.pri,
+                    &millis(job.delay),
+                    &millis(job.ttr),
+                    &job.body.as_ref(),
+                ],
+            )
+            .await?;
+        let id = job_id(&id)?;
+        Ok(if inserted == 1 {
+            PutOutcome::Inserted(id)
+        } else {
+            PutOutcome::Exists(id)
+        })
+    }
+
+    async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
+        let owner = self.owner(conn);
+        let mut args = args![&owner];
+        args.extend(tubes.iter().map(|t| t.as_str().as_bytes().to_vec()));
+        reserved(self.call(&self.scripts.reserve, args).await?)
+    }
+
+    async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        reserved(
+            self.call(&self.scripts.reserve_job, args![&owner, &id])
+                .await?,
+        )
+    }
+
+    async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        self.call::<i64>(&self.scripts.give_back, args![&owner, &id])
+            .await
+            .map(drop)
+    }
+
+    async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        let n: i64 = self
+            .call(&self.scripts.delete, args![&owner, &id, &"delete"])
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn finish(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        let n: i64 = self
+            .call(&self.scripts.delete, args![&owner, &id, &"finish"])
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn release(
+        &self,
+        conn: ConnId,
+        id: &JobId,
+        pri: u32,
+        delay: Duration,
+    ) -> StoreResult<Option<Tube>> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        let t: Option<String> = self
+            .call(
+                &self.scripts.release,
+                args![&owner, &id, &pri, &millis(delay)],
+            )
+            .await?;
+        t.as_deref().map(tube).transpose()
+    }
+
+    async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        let n: i64 = self
+            .call(&self.scripts.bury, args![&owner, &id, &pri])
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        let ttr: Option<u64> = self.call(&self.scripts.touch, args![&owner, &id]).await?;
+        Ok(ttr.map(Duration::from_millis))
+    }
+
+    async fn kick(&self, t: &Tube, bound: u64) -> StoreResult<u64> {
+        let (mut kicked, mut kind) = (0, String::new());
+        while kicked < bound {
+            let batch = (bound - kicked).min(BATCH);
+            let (n, k): (u64, String) = self
+                .call(&self.scripts.kick, args![&t.as_str(), &batch, &kind])
+                .await?;
+            kicked += n;
+            kind = k;
+            if n < batch {
+                break;
+            }
+        }
+        Ok(kicked)
+    }
+
+    async fn kick_job(&self, id: &JobId) -> StoreResult<Option<Tube>> {
+        let id = id.to_string();
+        let t: Option<String> = self.call(&self.scripts.kick_job, args![&id]).await?;
+        t.as_deref().map(tube).transpose()
+    }
+
+    async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
+        let id = id.to_string();
+        let got: Option<_> = self.call(&self.scripts.peek, args![&"id", &id]).await?;
+        got.map(job_body).transpose()
+    }
+
+    async fn peek_ready(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
+        let got: Option<_> = self
+            .call(&self.scripts.peek, args![&"ready", &t.as_str()])
+            .await?;
+        got.map(job_body).transpose()
+    }
+
+    async fn peek_delayed(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
+        let got: Option<_> = self
+            .call(&self.scripts.peek, args![&"delayed", &t.as_str()])
+            .await?;
+        got.map(job_body).transpose()
+    }
+
+    async fn peek_buried(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
+        let got: Option<_> = self
+            .call(&self.scripts.peek, args![&"buried", &t.as_str()])
+            .await?;
+        got.map(job_body).transpose()
+    }
+
+    async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
+        let id = id.to_string();
+        let got: Option<Vec<Value>> = self.call(&self.scripts.stats_job, args![&id]).await?;
+        let Some(v) = got else {
+            return Ok(None);
+        };
+        let [
+            id,
+            t,
+            state,
+            pri,
+            age,
+            delay,
+            ttr,
+            left,
+            reserves,
+            timeouts,
+            releases,
+            buries,
+            kicks,
+        ] = <[Value; 13]>::try_from(v).map_err(|_| corrupt("stats-job"))?;
+        let secs = |v: Value| parse::<u64>(v).map(|ms| ms / 1000);
+        let state = match parse::<String>(state)?.as_str() {
+            "ready" => JobState::Ready,
+            "delayed" => JobState::Delayed,
+            "reserved" => JobState::Reserved,
+            "buried" => JobState::Buried,
+            _ => return Err(corrupt("job state")),
+        };
+        Ok(Some(JobStats {
+            id: job_id(&parse::<String>(id)?)?,
+            tube: tube(&parse::<String>(t)?)?,
+            state,
+            pri: parse(pri)?,
+            age: secs(age)?,
+            delay: secs(delay)?,
+            ttr: secs(ttr)?,
+            time_left: secs(left)?,
+            reserves: parse(reserves)?,
+            timeouts: parse(timeouts)?,
+            releases: parse(releases)?,
+            buries: parse(buries)?,
+            kicks: parse(kicks)?,
+        }))
+    }
+
+    async fn stats_tube(&self, t: &Tube) -> StoreResult<Option<TubeStats>> {
+        let got: Option<Vec<u64>> = self
+            .call(&self.scripts.stats_tube, args![&t.as_str()])
+            .await?;
+        let Some(v) = got else {
+            return Ok(None);
+        };
+        let [
+            urgent,
+            ready,
+            reserved,
+            delayed,
+            buried,
+            total,
+            using,
+            watching,
+            del,
+            pauses,
+            pause,
+            left,
+        ] = <[u64; 12]>::try_from(v).map_err(|_| corrupt("stats-tube"))?;
+        Ok(Some(TubeStats {
+            name: t.clone(),
+            counts: Counts {
+                urgent,
+                ready,
+                reserved,
+                delayed,
+                buried,
+            },
+            total_jobs: total,
+            using,
+            watching,
+            cmd_delete: del,
+            cmd_pause_tube: pauses,
+            pause: pause / 1000,
+            pause_time_left: left / 1000,
+        }))
+    }
+
+    async fn stats(&self) -> StoreResult<StoreStats> {
+        let v: Vec<u64> = self.call(&self.scripts.stats, args![]).await?;
+        let [
+            urgent,
+            ready,
+            reserved,
+            delayed,
+            buried,
+            timeouts,
+            total,
+            tubes,
+        ] = <[u64; 8]>::try_from(v).map_err(|_| corrupt("stats"))?;
+        Ok(StoreStats {
+            counts: Counts {
+                urgent,
+                ready,
+                reserved,
+                delayed,
+                buried,
+            },
+            job_timeouts: timeouts,
+            total_jobs: total,
+            tubes,
+        })
+    }
+
+    async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
+        let mut conn = self.conn.clone();
+        let names: Vec<String> = redis::cmd("ZRANGE")
+            .arg(format!("{}tubes", self.tag))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(fail)?;
+        names.iter().map(|n| tube(n)).collect()
+    }
+
+    async fn pause_tube(&self, t: &Tube, delay: Duration) -> StoreResult<bool> {
+        let n: i64 = self
+            .call(&self.scripts.pause_tube, args![&t.as_str(), &millis(delay)])
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn release_all(&self, conn: ConnId) -> StoreResult<Vec<Tube>> {
+        let owner = self.owner(conn);
+        let mut tubes = Vec::new();
+        loop {
+            let v: Vec<Value> = self
+                .call(&self.scripts.release_all, args![&owner, &BATCH])
+                .await?;
+            let mut v = v.into_iter();
+            let n: u64 = parse(v.next().ok_or_else(|| corrupt("release-all"))?)?;
+            for t in v {
+                let t = tube(&parse::<String>(t)?)?;
+                if !tubes.contains(&t) {
+                    tubes.push(t);
+                }
+            }
+            if n < BATCH {
+                return Ok(tubes);
+            }
+        }
+    }
+
+    async fn tick(&self) -> StoreResult<Tick> {
+        let v: Vec<Value> = self.call(&self.scripts.tick, args![&BATCH]).await?;
+        let mut v = v.into_iter();
+        let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
+        let ready = v
+            .map(|t| parse::<String>(t).and_then(|t| tube(&t)))
+            .collect::<StoreResult<_>>()?;
+        Ok(Tick {
+            ready,
+            next: u64::try_from(next).ok().map(Duration::from_millis),
+        })
+    }
+
+    async fn attach(&self, t: &Tube, how: TubeRef) -> StoreResult<()> {
+        self.tube_ref(t, how, 1).await
+    }
+
+    async fn detach(&self, t: &Tube, how: TubeRef) -> StoreResult<()> {
+        self.tube_ref(t, how, -1).await
+    }
+
+    fn events(&self) -> Option<mpsc::Receiver<StoreEvent>> {
+        self.events.lock().ok()?.take()
+    }
+
+    fn max_sleep(&self) -> Option<Duration> {
+        Some(MAX_SLEEP)
+    }
+}
+
+impl RedisStore {
+    async fn tube_ref(&self, t: &Tube, how: TubeRef, delta: i64) -> StoreResult<()> {
+        let field = match how {
+            TubeRef::Using => "using",
+            TubeRef::Watching => "watching",
+        };
+        self.call::<i64>(&self.scripts.tube_ref, args![&t.as_str(), &field, &delta])
+            .await
+            .map(drop)
+    }
+}
