@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::codec::{Codec, Limits, Request};
 use crate::dispatch::{Outcome, Session, Shared};
@@ -38,13 +38,7 @@ pub async fn serve<S: Store>(
         max_job_size: shared.config.max_job_size,
     };
     let mut wire = Framed::new(socket, Codec::new(limits));
-    let mut session = match Session::open(shared, conn).await {
-        Ok(session) => session,
-        Err(e) => {
-            warn!(conn, error = %e, "cannot open a session");
-            return;
-        }
-    };
+    let mut session = Session::open(shared, conn).await;
     loop {
         let Some(request) = next_request(&mut wire, &shutdown).await else {
             break;

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::broker::Broker;
 use crate::command::Command;
@@ -67,20 +67,27 @@ pub struct Session<S: Store> {
 
 impl<S: Store> Session<S> {
     /// Opens a session using and watching `default`.
-    pub async fn open(shared: Arc<Shared<S>>, id: ConnId) -> StoreResult<Session<S>> {
+    ///
+    /// Opening never fails: if the store cannot count the new user of
+    /// `default` (its engine is unreachable), that is logged and only the
+    /// tube's `current-using`/`current-watching` figures are off; the
+    /// connection is kept, as every command will say what is wrong.
+    pub async fn open(shared: Arc<Shared<S>>, id: ConnId) -> Session<S> {
         let default = Tube::default_tube();
-        shared.broker.store.attach(&default, TubeRef::Using).await?;
-        shared
-            .broker
-            .store
-            .attach(&default, TubeRef::Watching)
-            .await?;
+        let store = &shared.broker.store;
+        let counted = store
+            .attach(&default, TubeRef::Using)
+            .await
+            .and(store.attach(&default, TubeRef::Watching).await);
+        if let Err(e) = counted {
+            warn!(conn = id, error = %e, "cannot count a new connection's use of `default`");
+        }
         shared.stats.connections.fetch_add(1, Ordering::Relaxed);
         shared
             .stats
             .total_connections
             .fetch_add(1, Ordering::Relaxed);
-        Ok(Session {
+        Session {
             id,
             shared,
             used: default.clone(),
@@ -88,7 +95,7 @@ impl<S: Store> Session<S> {
             deadlines: HashMap::new(),
             producer: false,
             worker: false,
-        })
+        }
     }
 
     /// The shared broker.
