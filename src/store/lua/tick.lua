@@ -37,7 +37,7 @@ for _, key in ipairs(expired) do
   job[TIMEOUTS], job[OWNER] = job[TIMEOUTS] + 1, ''
   link(key, job, 'ready', 0)
 end
-redis.call('HINCRBY', P .. 'totals', 'timeouts', #expired)
+if #expired > 0 then redis.call('HINCRBY', P .. 'totals', 'timeouts', #expired) end
 budget = budget - #expired
 if budget <= 0 then return done(0) end
 
