@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::{
     ConnId, Counts, JobState, JobStats, NewJob, PutOutcome, Reserved, Store, StoreStats, Tick,
-    TubeRef, TubeStats,
+    TubeRef, TubeStats, secs_left,
 };
 use crate::error::StoreResult;
 use crate::names::{JobId, Tube};
@@ -566,7 +566,7 @@ impl Store for MemoryStore {
             age: secs(now - job.created),
             delay: secs(job.delay),
             ttr: secs(job.ttr),
-            time_left: secs(time_left),
+            time_left: secs_left(time_left),
             reserves: job.reserves.into(),
             timeouts: job.timeouts.into(),
             releases: job.releases.into(),
@@ -592,7 +592,7 @@ impl Store for MemoryStore {
                 cmd_delete: ts.cmd_delete,
                 cmd_pause_tube: ts.cmd_pause,
                 pause: secs(pause),
-                pause_time_left: secs(left),
+                pause_time_left: secs_left(left),
             }
         }))
     }

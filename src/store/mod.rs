@@ -113,6 +113,14 @@ pub struct JobStats {
     pub kicks: u64,
 }
 
+/// Whole seconds left of `ms` milliseconds, as beanstalkd reports them: it
+/// measures in nanoseconds, so a time just set (10 s) already shows as 9.
+/// With millisecond clocks, a remainder that has not yet ticked down is
+/// taken to have, and so rounds down the same way.
+pub fn secs_left(ms: u64) -> u64 {
+    ms.saturating_sub(1) / 1000
+}
+
 /// Job counts by state.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counts {

@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use super::{
     ConnId, Counts, JobState, JobStats, NewJob, PutOutcome, Reserved, Store, StoreEvent,
-    StoreStats, Tick, TubeRef, TubeStats,
+    StoreStats, Tick, TubeRef, TubeStats, secs_left,
 };
 use crate::error::{StoreError, StoreResult};
 use crate::names::{JobId, Tube};
@@ -44,7 +44,7 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
 macro_rules! scripts {
-    ($($name:ident),+ $(,)?) => {
+    ($($name:ident: $flags:literal),+ $(,)?) => {
         /// One loaded script per transition.
         struct Scripts { $($name: Script,)+ }
 
@@ -52,10 +52,8 @@ macro_rules! scripts {
             fn load() -> Scripts {
                 Scripts {
                     $($name: Script::new(&format!(
-                        // The shebang makes Redis refuse the whole script up
-                        // front when it is out of memory, so a write is never
-                        // left half done.
-                        "#!lua\n{PRELUDE}\n{}",
+                        "#!lua{}\n{PRELUDE}\n{}",
+                        $flags,
                         include_str!(concat!("lua/", stringify!($name), ".lua"))
                     )),)+
                 }
@@ -64,25 +62,30 @@ macro_rules! scripts {
     };
 }
 
+// The flags decide what Redis does when it is over `maxmemory`. A script
+// without flags is refused whole, up front, so a put never leaves a job half
+// written. Reads (`no-writes`) and moves of existing jobs (`allow-oom`: they
+// free memory or barely change it) still run, so workers can drain a full
+// Redis.
 scripts!(
-    put,
-    reserve,
-    reserve_job,
-    give_back,
-    delete,
-    release,
-    bury,
-    touch,
-    kick,
-    kick_job,
-    peek,
-    stats_job,
-    stats_tube,
-    stats,
-    pause_tube,
-    release_all,
-    tick,
-    tube_ref,
+    put: "",
+    reserve: " flags=allow-oom",
+    reserve_job: " flags=allow-oom",
+    give_back: " flags=allow-oom",
+    delete: " flags=allow-oom",
+    release: " flags=allow-oom",
+    bury: " flags=allow-oom",
+    touch: " flags=allow-oom",
+    kick: " flags=allow-oom",
+    kick_job: " flags=allow-oom",
+    peek: " flags=no-writes",
+    stats_job: " flags=no-writes",
+    stats_tube: " flags=no-writes",
+    stats: " flags=no-writes",
+    pause_tube: " flags=allow-oom",
+    release_all: " flags=allow-oom",
+    tick: " flags=allow-oom",
+    tube_ref: " flags=allow-oom",
 );
 
 /// The Redis storage engine.
@@ -447,7 +450,7 @@ impl Store for RedisStore {
             age: secs(age)?,
             delay: secs(delay)?,
             ttr: secs(ttr)?,
-            time_left: secs(left)?,
+            time_left: secs_left(parse(left)?),
             reserves: parse(reserves)?,
             timeouts: parse(timeouts)?,
             releases: parse(releases)?,
@@ -492,7 +495,7 @@ impl Store for RedisStore {
             cmd_delete: del,
             cmd_pause_tube: pauses,
             pause: pause / 1000,
-            pause_time_left: left / 1000,
+            pause_time_left: secs_left(left),
         }))
     }
 
