@@ -212,6 +212,14 @@ impl<S: Store> Broker<S> {
         }
     }
 
+    /// Moves what has fallen due and hands it out. Returns the time until
+    /// the next due time, if anything is pending.
+    pub async fn tick(&self) -> StoreResult<Option<Duration>> {
+        let tick = self.store.tick().await?;
+        self.serve(&tick.ready).await;
+        Ok(tick.next)
+    }
+
     /// Serves the tubes other processes announce until shutdown (only for
     /// engines shared between processes).
     pub async fn run_events(&self, shutdown: CancellationToken) {
@@ -238,11 +246,8 @@ impl<S: Store> Broker<S> {
             // While the tick runs, any new due time must wake us again, since
             // the tick may not have seen it.
             self.alarm.next.store(u64::MAX, Ordering::Release);
-            let next = match self.store.tick().await {
-                Ok(tick) => {
-                    self.serve(&tick.ready).await;
-                    tick.next
-                }
+            let next = match self.tick().await {
+                Ok(next) => next,
                 Err(e) => {
                     warn!(error = %e, "timer tick failed; retrying");
                     Some(TICK_RETRY)

@@ -89,6 +89,20 @@ async fn next_request(wire: &mut Wire, shutdown: &CancellationToken) -> Option<R
     polled?.ok()
 }
 
+/// Before a reserve times out, moves whatever has fallen due and tries once
+/// more, as beanstalkd does: a job due a millisecond before the timeout must
+/// not be missed because the timer had not run yet.
+async fn last_chance<S: Store>(session: &mut Session<S>, tubes: &[Tube]) -> Reply {
+    let broker = session.broker();
+    if let Err(e) = broker.tick().await {
+        debug!(error = %e, "tick before a reserve timeout failed");
+    }
+    match broker.reserve(session.id, tubes).await {
+        Ok(Some(got)) => session.took(got),
+        _ => Reply::TimedOut,
+    }
+}
+
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => sleep_until(at).await,
@@ -115,7 +129,7 @@ async fn wait<S: Store>(
 ) -> Option<Reply> {
     let timeout_at = timeout.map(|t| Instant::now() + t);
     let soon_at = session.deadline_soon_at();
-    let (waiter, mut rx) = session.broker().wait(session.id, tubes).await;
+    let (waiter, mut rx) = session.broker().wait(session.id, tubes.clone()).await;
     let mut ahead = BytesMut::new();
     let give_up = loop {
         let socket = wire.get_ref();
@@ -144,6 +158,9 @@ async fn wait<S: Store>(
     };
     wire.read_buffer_mut().extend_from_slice(&ahead);
     if session.broker().waiters.take(waiter).is_some() {
+        if give_up == Some(Reply::TimedOut) {
+            return Some(last_chance(session, &tubes).await);
+        }
         return give_up;
     }
     // The broker took this waiter first: a job is on its way. It is this

@@ -116,6 +116,8 @@ impl<S: Store> Session<S> {
         if let Err(e) = result {
             error!(conn, error = %e, "cleaning up a closed connection");
         }
+        // Counted as connected until its jobs and tubes are let go, so that
+        // whoever sees the connection gone also sees its jobs back.
         let stats = &self.shared.stats;
         stats.connections.fetch_sub(1, Ordering::Relaxed);
         if self.producer {

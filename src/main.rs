@@ -37,7 +37,7 @@ struct Args {
     redis_prefix: String,
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
     // rediss:// URLs use rustls; pick its crypto once for the process. An

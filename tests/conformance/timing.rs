@@ -21,6 +21,8 @@ backend_tests!(
     pause_tube_holds_reserves_until_it_ends,
     pause_tube_zero_resumes_a_blocked_reserve,
     pause_tube_unknown_tube_is_not_found,
+    job_due_just_before_a_reserve_times_out_is_delivered,
+    time_left_just_after_it_is_set_rounds_down,
 );
 
 async fn delayed_job_is_not_reservable_before_its_delay(backend: Backend) {
@@ -267,4 +269,35 @@ async fn pause_tube_unknown_tube_is_not_found(backend: Backend) {
     assert_eq!(c.cmd("pause-tube nosuch 1").await, "NOT_FOUND");
     assert_eq!(c.cmd("stats-tube nosuch").await, "NOT_FOUND");
     assert_eq!(c.tubes().await, ["default"]);
+}
+
+/// A job that falls due a millisecond or so before a blocked reserve's
+/// timeout must be delivered, not missed because the timer had not run yet
+/// (greenstalk's own test suite does exactly this).
+async fn job_due_just_before_a_reserve_times_out_is_delivered(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut c = server.client().await;
+    for _ in 0..3 {
+        let id = c.put_ok(1024, 0, 120, b"delayed").await;
+        assert_eq!(c.reserved("reserve").await.id, id.to_string());
+        assert_eq!(c.cmd(&format!("release {id} 1024 2")).await, "RELEASED");
+        assert_eq!(c.cmd("reserve-with-timeout 1").await, "TIMED_OUT");
+        let job = c.reserved("reserve-with-timeout 1").await;
+        assert_eq!(job.id, id.to_string());
+        assert_eq!(c.cmd(&format!("delete {id}")).await, "DELETED");
+    }
+}
+
+/// beanstalkd measures in nanoseconds, so a TTR or delay just set already
+/// shows a second less; clients' test suites (pheanstalk's) expect that.
+async fn time_left_just_after_it_is_set_rounds_down(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut c = server.client().await;
+    let id = c.put_ok(1, 0, 10, b"x").await;
+    assert_eq!(c.reserved("reserve").await.id, id.to_string());
+    assert_eq!(c.stats_job(id).await.num("time-left"), 9);
+    let later = c.put_ok(1, 5, 10, b"y").await;
+    assert_eq!(c.stats_job(later).await.num("time-left"), 4);
+    assert_eq!(c.cmd("pause-tube default 7").await, "PAUSED");
+    assert_eq!(c.stats_tube("default").await.num("pause-time-left"), 6);
 }
