@@ -566,7 +566,9 @@ impl Store for RedisStore {
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
-        let v: Vec<Value> = self.call(&self.scripts.tick, args![&BATCH]).await?;
+        let v: Vec<Value> = self
+            .call(&self.scripts.tick, args![&BATCH, &self.process])
+            .await?;
         let mut v = v.into_iter();
         let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
         let ready = v
@@ -598,11 +600,14 @@ impl Store for RedisStore {
 impl RedisStore {
     async fn tube_ref(&self, t: &Tube, how: TubeRef, delta: i64) -> StoreResult<()> {
         let field = match how {
-            TubeRef::Using => "using",
-            TubeRef::Watching => "watching",
+            TubeRef::Using => "u",
+            TubeRef::Watching => "w",
         };
-        self.call::<i64>(&self.scripts.tube_ref, args![&t.as_str(), &field, &delta])
-            .await
-            .map(drop)
+        self.call::<i64>(
+            &self.scripts.tube_ref,
+            args![&self.process, &t.as_str(), &field, &delta],
+        )
+        .await
+        .map(drop)
     }
 }

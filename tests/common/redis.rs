@@ -1,16 +1,23 @@
 //! A private `redis-server` for one test: its own process, listening only on
 //! a Unix socket in its own directory, so no other test or program can touch
 //! it. It is killed and its directory removed when dropped.
+//!
+//! A test may also kill it and start it again on the same directory and
+//! socket ([`RedisServer::kill`], [`RedisServer::restart`]), so that with
+//! `--appendonly yes` its data outlives the crash.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A running `redis-server`.
+/// A `redis-server`, running unless killed.
 pub struct RedisServer {
-    child: Child,
+    /// `None` while killed.
+    child: Option<Child>,
     dir: PathBuf,
+    socket: PathBuf,
+    extra: Vec<String>,
     /// The URL delayq connects with.
     pub url: String,
 }
@@ -27,13 +34,45 @@ impl RedisServer {
         ));
         std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
         let socket = dir.join("redis.sock");
+        let mut server = RedisServer {
+            child: None,
+            url: format!("redis+unix://{}", socket.display()),
+            dir,
+            socket,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    /// Kills the server with SIGKILL (no chance to save or clean up) and
+    /// waits for it to be gone. Its directory and socket path stay.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("redis-server is running");
+        child.kill().expect("SIGKILL redis-server");
+        child.wait().expect("reap redis-server");
+    }
+
+    /// Starts the server again on the same directory, socket and settings,
+    /// after [`RedisServer::kill`]; it loads whatever it had persisted.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "redis-server is still running");
+        self.spawn();
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn spawn(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", "0", "--save", "", "--appendonly", "no"])
             .arg("--unixsocket")
-            .arg(&socket)
+            .arg(&self.socket)
             .args(["--unixsocketperm", "700", "--dir"])
-            .arg(&dir)
-            .args(extra)
+            .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -43,19 +82,14 @@ impl RedisServer {
                      (Debian: apt-get install redis-server); .ci/run installs it"
                 )
             });
-        let server = RedisServer {
-            child,
-            url: format!("redis+unix://{}", socket.display()),
-            dir,
-        };
-        server.wait_ready(&socket);
-        server
+        self.child = Some(child);
+        self.wait_ready();
     }
 
-    fn wait_ready(&self, socket: &std::path::Path) {
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) {
+            if let Ok(mut s) = std::os::unix::net::UnixStream::connect(&self.socket) {
                 use std::io::{Read, Write};
                 let mut pong = [0u8; 7];
                 if s.write_all(b"PING\r\n").is_ok()
@@ -65,16 +99,21 @@ impl RedisServer {
                     return;
                 }
             }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok()?) {
+                panic!("redis-server exited during start-up: {status}");
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("redis-server did not come up on {}", socket.display());
+        panic!("redis-server did not come up on {}", self.socket.display());
     }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -17,6 +17,12 @@
 --   reserved P.."reserved"        zset  score deadline (ms), member key
 --            P.."held:"..owner    set   keys the connection `owner` holds
 --   buried   P.."buried:"..tube   zset  score burial sequence, member key
+--
+-- Each delayq process is a member of P.."processes"; P.."alive:"..process
+-- expires unless the process's timer renews it (see `tick`).
+
+-- How long a process counts as alive after its last tick, in ms.
+local ALIVE_MS = 3000
 
 local P = ARGV[1]
 
@@ -77,14 +83,29 @@ local function ensure_tube(tube)
   end
 end
 
+-- Connections using and watching a tube, summed over the delayq processes
+-- that are alive. Each process counts its own in P.."refs:"..process
+-- (fields "u:"..tube and "w:"..tube) and keeps P.."alive:"..process from
+-- expiring while it runs, so the users of a process that died stop counting
+-- when its key expires.
+local function tube_users(tube)
+  local using, watching = 0, 0
+  for _, process in ipairs(redis.call('SMEMBERS', P .. 'processes')) do
+    if redis.call('EXISTS', P .. 'alive:' .. process) == 1 then
+      local r = redis.call('HMGET', P .. 'refs:' .. process, 'u:' .. tube, 'w:' .. tube)
+      using, watching = using + tonumber(r[1] or 0), watching + tonumber(r[2] or 0)
+    end
+  end
+  return using, watching
+end
+
 -- A tube exists while it is used, watched or holds jobs; "default" always.
 local function forget_if_unused(tube)
   if tube == 'default' then return end
   local t = tube_key('tube', tube)
-  local busy = redis.call('HMGET', t, 'reserved', 'using', 'watching')
-  for _, n in ipairs(busy) do
-    if tonumber(n or 0) > 0 then return end
-  end
+  if tonumber(redis.call('HGET', t, 'reserved') or 0) > 0 then return end
+  local using, watching = tube_users(tube)
+  if using > 0 or watching > 0 then return end
   if redis.call('ZCARD', tube_key('ready', tube)) > 0
     or redis.call('ZCARD', tube_key('delayed', tube)) > 0
     or redis.call('ZCARD', tube_key('buried', tube)) > 0 then
@@ -153,3 +174,19 @@ local function reserve_key(key, job, owner, now)
 end
 
 local function is_held(job, owner) return job[STATE] == 'reserved' and job[OWNER] == owner end
+
+-- Marks `process` alive, and forgets the processes whose mark expired: their
+-- tube users stop counting and tubes left with no users or jobs go away.
+local function heartbeat(process)
+  redis.call('SET', P .. 'alive:' .. process, 1, 'PX', ALIVE_MS)
+  redis.call('SADD', P .. 'processes', process)
+  for _, other in ipairs(redis.call('SMEMBERS', P .. 'processes')) do
+    if redis.call('EXISTS', P .. 'alive:' .. other) == 0 then
+      local refs = P .. 'refs:' .. other
+      local fields = redis.call('HKEYS', refs)
+      redis.call('DEL', refs)
+      redis.call('SREM', P .. 'processes', other)
+      for _, field in ipairs(fields) do forget_if_unused(string.sub(field, 3)) end
+    end
+  end
+end

@@ -1,7 +1,8 @@
 -- tick: move what has fallen due, at most `batch` jobs per call.
 -- Delayed jobs become ready; reserved jobs past their deadline come back
 -- (a timeout); paused tubes whose pause ended resume.
--- ARGV: prefix, batch
+-- It also renews this process's alive mark (see `heartbeat`).
+-- ARGV: prefix, batch, process
 -- Returns {next, tube...}: ms until the next due time (0: call again now;
 -- -1: nothing pending), then the tubes that got ready jobs.
 local function done(next_ms)
@@ -10,6 +11,7 @@ local function done(next_ms)
   return out
 end
 local now, budget = now_ms(), tonumber(ARGV[2])
+heartbeat(ARGV[3])
 
 local due = redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)
 for _, tube in ipairs(due) do

@@ -1,12 +1,14 @@
--- attach / detach: a connection starts or stops using or watching a tube.
--- ARGV: prefix, tube, 'using' | 'watching', +1 | -1
-local tube, field, delta = ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- attach / detach: a connection of `process` starts or stops using or
+-- watching a tube.
+-- ARGV: prefix, process, tube, 'u' (using) | 'w' (watching), +1 | -1
+local process, tube, field, delta = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local refs, name = P .. 'refs:' .. process, field .. ':' .. tube
+heartbeat(process)
 if delta > 0 then
   ensure_tube(tube)
-  redis.call('HINCRBY', tube_key('tube', tube), field, delta)
-elseif redis.call('ZSCORE', P .. 'tubes', tube) then
-  local t = tube_key('tube', tube)
-  if tonumber(redis.call('HGET', t, field) or 0) > 0 then redis.call('HINCRBY', t, field, -1) end
+  redis.call('HINCRBY', refs, name, delta)
+elseif tonumber(redis.call('HGET', refs, name) or 0) > 0 then
+  if redis.call('HINCRBY', refs, name, delta) <= 0 then redis.call('HDEL', refs, name) end
   forget_if_unused(tube)
 end
 return 1
