@@ -387,30 +387,19 @@ impl Store for RedisStore {
     }
 
     async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
-        let id = id.to_string();
-        let got: Option<_> = self.call(&self.scripts.peek, args![&"id", &id]).await?;
-        got.map(job_body).transpose()
+        self.peek_by("id", &id.to_string()).await
     }
 
     async fn peek_ready(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        let got: Option<_> = self
-            .call(&self.scripts.peek, args![&"ready", &t.as_str()])
-            .await?;
-        got.map(job_body).transpose()
+        self.peek_by("ready", t.as_str()).await
     }
 
     async fn peek_delayed(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        let got: Option<_> = self
-            .call(&self.scripts.peek, args![&"delayed", &t.as_str()])
-            .await?;
-        got.map(job_body).transpose()
+        self.peek_by("delayed", t.as_str()).await
     }
 
     async fn peek_buried(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        let got: Option<_> = self
-            .call(&self.scripts.peek, args![&"buried", &t.as_str()])
-            .await?;
-        got.map(job_body).transpose()
+        self.peek_by("buried", t.as_str()).await
     }
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
@@ -598,6 +587,12 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// `peek` by id (`mode` "id") or the first job of a tube's state index.
+    async fn peek_by(&self, mode: &str, arg: &str) -> StoreResult<Option<JobBody>> {
+        let got: Option<_> = self.call(&self.scripts.peek, args![&mode, &arg]).await?;
+        got.map(job_body).transpose()
+    }
+
     async fn tube_ref(&self, t: &Tube, how: TubeRef, delta: i64) -> StoreResult<()> {
         let field = match how {
             TubeRef::Using => "u",
