@@ -2,22 +2,12 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::REPLY_TIMEOUT;
+use common::daemon::{BIN, Daemon, free_port, wait_exit};
 use common::redis::RedisServer;
-use common::{Client, REPLY_TIMEOUT};
-
-const BIN: &str = env!("CARGO_BIN_EXE_delayq");
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("bind port 0")
-        .port()
-}
 
 /// Runs the binary to its exit, which must come within the reply timeout.
 fn run_to_exit(args: &[&str]) -> Output {
@@ -48,80 +38,6 @@ fn run_to_exit(args: &[&str]) -> Output {
         status,
         stdout,
         stderr,
-    }
-}
-
-/// Waits for `child` to exit; kills it and fails if it does not in time.
-fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("delayq did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A running `delayq` process on its own port; killed if still running
-/// when dropped.
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Daemon {
-    /// Starts the binary with `args` added and waits until it accepts.
-    async fn start(args: &[&str]) -> Daemon {
-        let port = free_port();
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let child = Command::new(BIN)
-            .args(["-l", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn delayq");
-        let mut daemon = Daemon { child, addr };
-        // Nothing to await but the port opening: poll for it.
-        let start = Instant::now();
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if let Some(status) = daemon.child.try_wait().expect("try_wait") {
-                panic!("delayq exited during start-up: {status}");
-            }
-            assert!(start.elapsed() < REPLY_TIMEOUT, "delayq never listened");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        daemon
-    }
-
-    async fn client(&self) -> Client {
-        Client::connect(self.addr).await
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
-        // SAFETY: sending a signal to our own child process.
-        let rc = unsafe { libc::kill(pid, sig) };
-        assert_eq!(rc, 0, "kill({pid}, {sig})");
-    }
-
-    fn wait_exit(&mut self) -> ExitStatus {
-        wait_exit(&mut self.child, REPLY_TIMEOUT)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 
@@ -185,7 +101,7 @@ fn braces_in_the_redis_prefix_are_refused() {
 #[tokio::test]
 async fn jobs_survive_a_restart_on_redis() {
     let redis = RedisServer::start(&[]);
-    let mut first = Daemon::start(&["--redis", &redis.url]).await;
+    let mut first = Daemon::redis(&redis.url).await;
     let mut c = first.client().await;
     assert_eq!(c.put(5, 0, 60, b"ready").await, "INSERTED 1");
     assert_eq!(c.put(0, 1, 60, b"later").await, "INSERTED 2");
@@ -197,7 +113,7 @@ async fn jobs_survive_a_restart_on_redis() {
     first.signal(libc::SIGTERM);
     assert!(first.wait_exit().success());
 
-    let second = Daemon::start(&["--redis", &redis.url]).await;
+    let second = Daemon::redis(&redis.url).await;
     let mut c = second.client().await;
     let mut got = Vec::new();
     for _ in 0..3 {
@@ -218,8 +134,8 @@ async fn jobs_survive_a_restart_on_redis() {
 #[tokio::test]
 async fn a_job_put_on_one_process_reaches_a_worker_blocked_on_another() {
     let redis = RedisServer::start(&[]);
-    let a = Daemon::start(&["--redis", &redis.url]).await;
-    let b = Daemon::start(&["--redis", &redis.url]).await;
+    let a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
     let mut worker = b.client().await;
     let mut watcher = b.client().await;
     worker.send_line("reserve").await;
@@ -239,8 +155,8 @@ async fn a_job_put_on_one_process_reaches_a_worker_blocked_on_another() {
 #[tokio::test]
 async fn a_delayed_job_of_a_killed_process_is_delivered_by_another() {
     let redis = RedisServer::start(&[]);
-    let mut a = Daemon::start(&["--redis", &redis.url]).await;
-    let b = Daemon::start(&["--redis", &redis.url]).await;
+    let mut a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
     let mut producer = a.client().await;
     assert_eq!(producer.put(0, 1, 60, b"orphan").await, "INSERTED 1");
     a.signal(libc::SIGKILL);

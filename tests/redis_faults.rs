@@ -11,8 +11,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -25,10 +24,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use common::daemon::Daemon;
 use common::redis::RedisServer;
 use common::{Client, REPLY_TIMEOUT};
-
-const BIN: &str = env!("CARGO_BIN_EXE_delayq");
 
 /// Longest any single reply may take in the multi-process tests (a blocked
 /// `reserve-with-timeout 1` included) before the test fails instead of hanging.
@@ -47,74 +45,6 @@ const ORPHAN_SLACK: Duration = Duration::from_secs(6);
 
 // ---------------------------------------------------------------------------
 // Processes
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("bind port 0")
-        .port()
-}
-
-/// A `delayq` binary on the Redis engine, on its own port; killed if still
-/// running when dropped.
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Daemon {
-    /// Starts the binary on `redis_url` and waits until it accepts.
-    async fn start(redis_url: &str) -> Daemon {
-        // Another test may take the free port first: then try another.
-        for _ in 0..5 {
-            let port = free_port();
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-            let child = Command::new(BIN)
-                .args([
-                    "-l",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "--redis",
-                    redis_url,
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn delayq");
-            let mut daemon = Daemon { child, addr };
-            let start = Instant::now();
-            loop {
-                if TcpStream::connect(addr).await.is_ok() {
-                    return daemon;
-                }
-                if daemon.child.try_wait().expect("try_wait").is_some() {
-                    break;
-                }
-                assert!(start.elapsed() < REPLY_TIMEOUT, "delayq never listened");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-        panic!("delayq kept exiting during start-up");
-    }
-
-    /// SIGKILL: no shutdown, no clean-up; waits until it is gone.
-    fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL delayq");
-        self.child.wait().expect("reap delayq");
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 /// A delayq server inside the test process, on the Redis at `url`, for tests
 /// that kill Redis rather than delayq. Stops when dropped.
@@ -689,7 +619,7 @@ async fn delayq_killed_and_restarted_loses_nothing() {
     const KILLS: usize = 3;
     let started = Instant::now();
     let redis = RedisServer::start(&[]);
-    let mut daemon = Daemon::start(&redis.url).await;
+    let mut daemon = Daemon::redis(&redis.url).await;
     let (tx, endpoint) = watch::channel(Some(daemon.addr));
     let ledger = Arc::new(Ledger::default());
     let jobs = (0..JOBS).map(|n| job("restart", n, 2 + (n % 2) as u32));
@@ -715,7 +645,7 @@ async fn delayq_killed_and_restarted_loses_nothing() {
         })
         .await;
         daemon.kill();
-        daemon = Daemon::start(&redis.url).await;
+        daemon = Daemon::redis(&redis.url).await;
         tx.send(Some(daemon.addr)).expect("roles listening");
     }
     join("the producer", producer, &ledger).await;
@@ -745,8 +675,8 @@ async fn two_processes_one_killed_the_other_serves_on() {
     const JOBS: usize = 300;
     let started = Instant::now();
     let redis = RedisServer::start(&[]);
-    let mut a = Daemon::start(&redis.url).await;
-    let b = Daemon::start(&redis.url).await;
+    let mut a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
     let (tx_a, endpoint_a) = watch::channel(Some(a.addr));
     let (_tx_b, endpoint_b) = watch::channel(Some(b.addr));
     let ledger = Arc::new(Ledger::default());
@@ -807,7 +737,7 @@ async fn concurrent_timers_deliver_each_job_exactly_once() {
     let redis = RedisServer::start(&[]);
     let mut daemons = Vec::new();
     for _ in 0..3 {
-        daemons.push(Daemon::start(&redis.url).await);
+        daemons.push(Daemon::redis(&redis.url).await);
     }
     let ledger = Arc::new(Ledger::default());
     let mut senders = Vec::new();
@@ -862,8 +792,8 @@ async fn concurrent_timers_deliver_each_job_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_process_leaves_no_tube_users_behind() {
     let redis = RedisServer::start(&[]);
-    let mut a = Daemon::start(&redis.url).await;
-    let b = Daemon::start(&redis.url).await;
+    let mut a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
     let mut on_a = Client::connect(a.addr).await;
     assert_eq!(on_a.cmd("use only-a").await, "USING only-a");
     assert_eq!(on_a.cmd("watch only-a").await, "WATCHING 2");

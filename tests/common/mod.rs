@@ -12,6 +12,7 @@
 // Each test binary uses its own part of the harness.
 #![allow(dead_code, unused_macros)]
 
+pub mod daemon;
 pub mod redis;
 
 use std::collections::BTreeMap;

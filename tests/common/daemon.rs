@@ -1,0 +1,118 @@
+//! The `delayq` binary as a child process, for the tests that run the real
+//! thing: a [`Daemon`] on its own loopback port, killed if still running when
+//! dropped.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+
+use super::{Client, REPLY_TIMEOUT};
+
+/// The `delayq` binary Cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_delayq");
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("bind port 0")
+        .port()
+}
+
+/// Waits for `child` to exit; kills it and fails if it does not in time.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("delayq did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `delayq` process on its own port; killed if still running
+/// when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Daemon {
+    /// Starts the binary with `args` added and waits until it accepts.
+    pub async fn start(args: &[&str]) -> Daemon {
+        // Another test may take the free port first: then try another.
+        let mut exited = None;
+        for _ in 0..5 {
+            let port = free_port();
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let child = Command::new(BIN)
+                .args(["-l", "127.0.0.1", "-p", &port.to_string()])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn delayq");
+            let mut daemon = Daemon { child, addr };
+            // Nothing to await but the port opening: poll for it.
+            let start = Instant::now();
+            loop {
+                if TcpStream::connect(addr).await.is_ok() {
+                    return daemon;
+                }
+                if let Some(status) = daemon.child.try_wait().expect("try_wait") {
+                    exited = Some(status);
+                    break;
+                }
+                assert!(start.elapsed() < REPLY_TIMEOUT, "delayq never listened");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        panic!(
+            "delayq kept exiting during start-up: {}",
+            exited.expect("an exit status")
+        );
+    }
+
+    /// Starts the binary on the Redis engine at `url`.
+    pub async fn redis(url: &str) -> Daemon {
+        Daemon::start(&["--redis", url]).await
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.addr).await
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: sending a signal to our own child process.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig})");
+    }
+
+    /// SIGKILL: no shutdown, no clean-up; waits until it is gone.
+    pub fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL delayq");
+        self.child.wait().expect("reap delayq");
+    }
+
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        wait_exit(&mut self.child, REPLY_TIMEOUT)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
