@@ -258,3 +258,41 @@ async fn z_flag_is_capped_at_beanstalkds_ceiling() {
     let mut c = daemon.client().await;
     assert_eq!(c.stats().await.num("max-job-size"), 1_073_741_824);
 }
+
+/// An evicting Redis loses jobs when full: delayq must say so loudly at
+/// start, and must not with `noeviction`.
+#[test]
+fn an_evicting_redis_is_warned_about_at_start() {
+    use std::io::{BufRead, BufReader};
+    for (policy, warned) in [("allkeys-lru", true), ("noeviction", false)] {
+        let redis = RedisServer::start(&["--maxmemory-policy", policy]);
+        let port = free_port().to_string();
+        let mut child = Command::new(BIN)
+            .args(["-p", &port, "--redis", &redis.url])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn delayq");
+        let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+        let mut before_listening = String::new();
+        let mut listening = false;
+        for line in stderr.lines() {
+            let line = line.expect("read delayq's log");
+            if line.contains("listening") {
+                listening = true;
+                break;
+            }
+            before_listening.push_str(&line);
+            before_listening.push('\n');
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(listening, "delayq never started:\n{before_listening}");
+        assert_eq!(
+            before_listening.contains("REDIS MAY EVICT KEYS"),
+            warned,
+            "policy {policy}, log before listening:\n{before_listening}"
+        );
+    }
+}
