@@ -1,0 +1,228 @@
+//! The ledger the multi-process tests keep of every put, delivery and
+//! `DELETED`, and the delivery guarantees checked against it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Clock slack when comparing our instants with times Redis's clock set
+/// (Redis works in whole milliseconds).
+const SLACK: Duration = Duration::from_millis(20);
+
+/// How long after its TTR a job held by a killed process may take to reach
+/// a worker again.
+const ORPHAN_SLACK: Duration = Duration::from_secs(6);
+
+/// A job as put.
+#[derive(Debug, Clone)]
+pub struct Put {
+    pub body: Vec<u8>,
+    pub delay: u32,
+    pub ttr: u32,
+}
+
+/// One `RESERVED` a worker received.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub worker: String,
+    pub id: String,
+    pub body: Vec<u8>,
+    /// When the `reserve` was sent (before the reservation was made).
+    pub asked: Instant,
+    /// When the reply arrived.
+    pub at: Instant,
+}
+
+#[derive(Default)]
+pub struct Books {
+    /// Every put sent, by body (bodies are unique), with when it was sent.
+    pub sent: HashMap<Vec<u8>, (Put, Instant)>,
+    /// Puts answered `INSERTED`: id -> body.
+    pub acked: HashMap<String, Vec<u8>>,
+    /// Puts whose connection died before the reply: maybe stored, maybe not.
+    pub in_doubt: HashSet<Vec<u8>>,
+    pub deliveries: Vec<Delivery>,
+    /// `DELETED` received: id -> when.
+    pub deleted: HashMap<String, Instant>,
+    /// Deletes whose connection died before the reply.
+    pub delete_in_doubt: HashSet<String>,
+    /// Jobs a worker held (reserved, not deleted) when its process was killed.
+    pub orphans: Vec<Delivery>,
+}
+
+/// What every producer and worker of a test records, shared.
+#[derive(Default)]
+pub struct Ledger {
+    books: Mutex<Books>,
+    /// Jobs workers hold right now, per worker name.
+    holding: Mutex<HashMap<String, usize>>,
+    /// Set once every producer has finished: workers then drain and stop.
+    pub done: AtomicBool,
+}
+
+/// What [`Ledger::check`] found.
+#[derive(Debug)]
+pub struct Summary {
+    pub acked: usize,
+    pub in_doubt: usize,
+    /// Puts in doubt that turned out stored (they were delivered).
+    pub in_doubt_stored: usize,
+    pub deliveries: usize,
+    /// Jobs delivered more than once.
+    pub redelivered: usize,
+    pub orphans: usize,
+    /// Deliveries per worker.
+    pub per_worker: HashMap<String, usize>,
+}
+
+impl Ledger {
+    pub fn books(&self) -> MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn acked_count(&self) -> usize {
+        self.books().acked.len()
+    }
+
+    pub fn holding(&self, worker: &str) -> usize {
+        let holding = self.holding.lock().unwrap_or_else(PoisonError::into_inner);
+        holding.get(worker).copied().unwrap_or(0)
+    }
+
+    pub fn set_holding(&self, worker: &str, n: usize) {
+        let mut holding = self.holding.lock().unwrap_or_else(PoisonError::into_inner);
+        holding.insert(worker.to_string(), n);
+    }
+
+    /// Checks the guarantees: every acknowledged job delivered, nothing
+    /// delivered that was not put, bodies intact, nothing delivered after
+    /// its `DELETED`, delays and TTRs respected, and (if `exactly_once`) no
+    /// job delivered twice.
+    pub fn check(&self, exactly_once: bool) -> Summary {
+        let b = self.books();
+        let mut by_id: HashMap<&str, Vec<&Delivery>> = HashMap::new();
+        for d in &b.deliveries {
+            by_id.entry(&d.id).or_default().push(d);
+        }
+        // Nothing delivered that was never put; bodies match their ids.
+        let mut in_doubt_stored = HashSet::new();
+        for d in &b.deliveries {
+            match b.acked.get(&d.id) {
+                Some(body) => assert_eq!(
+                    &d.body, body,
+                    "job {} delivered to {} with another job's body",
+                    d.id, d.worker
+                ),
+                None => {
+                    assert!(
+                        b.in_doubt.contains(&d.body),
+                        "job {} ({:?}) delivered to {} but never acknowledged, \
+                         nor put on a connection that died",
+                        d.id,
+                        String::from_utf8_lossy(&d.body),
+                        d.worker
+                    );
+                    in_doubt_stored.insert(&d.body);
+                }
+            }
+        }
+        // Every acknowledged job delivered.
+        let mut missing: Vec<&String> = b
+            .acked
+            .keys()
+            .filter(|id| !by_id.contains_key(id.as_str()))
+            .collect();
+        missing.sort();
+        assert!(
+            missing.is_empty(),
+            "{} of {} acknowledged jobs never delivered: {missing:?}",
+            missing.len(),
+            b.acked.len()
+        );
+        // A delayed job is not delivered before its delay has passed.
+        for d in &b.deliveries {
+            let (put, sent) = &b.sent[&d.body];
+            let due = *sent + Duration::from_secs(put.delay.into());
+            assert!(
+                d.at + SLACK >= due,
+                "job {} (delay {}s) delivered {:?} early",
+                d.id,
+                put.delay,
+                due - d.at
+            );
+        }
+        // Nothing comes back once deleted.
+        for d in &b.deliveries {
+            if let Some(deleted_at) = b.deleted.get(&d.id) {
+                assert!(
+                    d.at <= *deleted_at,
+                    "job {} delivered to {} {:?} after it was DELETED",
+                    d.id,
+                    d.worker,
+                    d.at - *deleted_at
+                );
+            }
+        }
+        // A job held by a killed process comes back, once its TTR has run out.
+        for o in &b.orphans {
+            if b.delete_in_doubt.contains(&o.id) {
+                continue;
+            }
+            let ttr = Duration::from_secs(b.sent[&o.body].0.ttr.into());
+            let again = by_id[o.id.as_str()]
+                .iter()
+                .find(|d| d.at > o.at)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "job {} held by {} when its process was killed never came back",
+                        o.id, o.worker
+                    )
+                });
+            let after = again.at - o.asked;
+            assert!(
+                again.at + SLACK >= o.asked + ttr,
+                "job {} came back {after:?} after it was reserved, before its TTR of {ttr:?}",
+                o.id,
+            );
+            // The timer wakes at least once a second; the rest is slack for
+            // a loaded machine and a worker reconnecting.
+            assert!(
+                after <= ttr + ORPHAN_SLACK,
+                "job {} came back only {after:?} after it was reserved, with a TTR of {ttr:?}",
+                o.id,
+            );
+        }
+        let redelivered = by_id.values().filter(|ds| ds.len() > 1).count();
+        if exactly_once {
+            let mut twice: Vec<String> = by_id
+                .iter()
+                .filter(|(_, ds)| ds.len() > 1)
+                .map(|(id, ds)| {
+                    let who: Vec<&str> = ds.iter().map(|d| d.worker.as_str()).collect();
+                    format!("{id} to {who:?}")
+                })
+                .collect();
+            twice.sort();
+            assert!(
+                twice.is_empty(),
+                "{} jobs delivered more than once: {:?}",
+                twice.len(),
+                &twice[..twice.len().min(20)]
+            );
+        }
+        let mut per_worker = HashMap::new();
+        for d in &b.deliveries {
+            *per_worker.entry(d.worker.clone()).or_default() += 1;
+        }
+        Summary {
+            acked: b.acked.len(),
+            in_doubt: b.in_doubt.len(),
+            in_doubt_stored: in_doubt_stored.len(),
+            deliveries: b.deliveries.len(),
+            redelivered,
+            orphans: b.orphans.len(),
+            per_worker,
+        }
+    }
+}

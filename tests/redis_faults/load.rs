@@ -1,0 +1,221 @@
+//! Producers and workers: the roles the multi-process tests run against
+//! delayq processes that may be killed under them, and the helpers that
+//! wait for them.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::conn::{CURRENT, Conn, Gone, Io, figure};
+use crate::ledger::{Delivery, Ledger, Put};
+
+/// Longest a test waits for its workers to drain everything.
+const DRAIN_LIMIT: Duration = Duration::from_secs(20);
+
+/// Where a role finds its delayq process: the address changes when the
+/// process is killed and restarted, and becomes `None` when it is killed for
+/// good.
+pub type Endpoint = watch::Receiver<Option<SocketAddr>>;
+
+/// Waits until the endpoint changes (the process was restarted or is gone).
+async fn next_endpoint(endpoint: &mut Endpoint, who: &str) {
+    match tokio::time::timeout(Duration::from_secs(15), endpoint.changed()).await {
+        Ok(_) => {}
+        Err(_) => panic!("{who}: lost its connection but no process replaced it"),
+    }
+}
+
+/// The `n`th job of a test: a unique body, a delay of 0–2 s, the TTR given.
+pub fn job(test: &str, n: usize, ttr: u32) -> Put {
+    Put {
+        body: format!("{test}-{n}").into_bytes(),
+        delay: u32::try_from(n % 3).expect("small"),
+        ttr,
+    }
+}
+
+/// Puts `jobs` through `endpoint`, `window` at a time (pipelined), pausing
+/// `pace` between windows. When the process is killed, the puts awaiting a
+/// reply are in doubt, and the rest go to its replacement; when it is gone
+/// for good, the rest are not put.
+pub async fn produce(
+    name: &str,
+    mut endpoint: Endpoint,
+    ledger: Arc<Ledger>,
+    jobs: Vec<Put>,
+    window: usize,
+    pace: Duration,
+) {
+    let mut conn: Option<Conn> = None;
+    for chunk in jobs.chunks(window) {
+        let c = loop {
+            if let Some(c) = conn.as_mut() {
+                break c;
+            }
+            let Some(addr) = *endpoint.borrow_and_update() else {
+                return;
+            };
+            match Conn::connect(addr).await {
+                Ok(c) => conn = Some(c),
+                Err(Gone) => next_endpoint(&mut endpoint, name).await,
+            }
+        };
+        let mut msg = Vec::new();
+        for put in chunk {
+            msg.extend_from_slice(
+                format!("put 100 {} {} {}\r\n", put.delay, put.ttr, put.body.len()).as_bytes(),
+            );
+            msg.extend_from_slice(&put.body);
+            msg.extend_from_slice(b"\r\n");
+        }
+        {
+            let mut b = ledger.books();
+            let now = Instant::now();
+            for put in chunk {
+                b.sent.insert(put.body.clone(), (put.clone(), now));
+            }
+        }
+        let mut answered = 0;
+        let mut died = c.send(&msg).await.is_err();
+        while !died && answered < chunk.len() {
+            match c.line().await {
+                Ok(reply) => {
+                    let id = reply
+                        .strip_prefix("INSERTED ")
+                        .unwrap_or_else(|| panic!("{name}: expected INSERTED <id>, got {reply:?}"));
+                    let body = chunk[answered].body.clone();
+                    let before = ledger.books().acked.insert(id.to_string(), body);
+                    assert!(before.is_none(), "{name}: id {id} acknowledged twice");
+                    answered += 1;
+                }
+                Err(Gone) => died = true,
+            }
+        }
+        if died {
+            ledger
+                .books()
+                .in_doubt
+                .extend(chunk[answered..].iter().map(|put| put.body.clone()));
+            conn = None;
+            next_endpoint(&mut endpoint, name).await;
+        }
+        tokio::time::sleep(pace).await;
+    }
+}
+
+/// Reserves and deletes through `endpoint`, keeping up to `hold` jobs
+/// reserved at a time (deleting the oldest when it has more, and all of them
+/// when nothing is ready). Once the ledger is done and `stats` shows no job
+/// left anywhere, returns those stats; returns `None` if its process is
+/// killed for good.
+pub async fn work(
+    name: String,
+    mut endpoint: Endpoint,
+    ledger: Arc<Ledger>,
+    hold: usize,
+) -> Option<HashMap<String, u64>> {
+    loop {
+        let addr = (*endpoint.borrow_and_update())?;
+        let mut held = VecDeque::new();
+        let outcome = match Conn::connect(addr).await {
+            Ok(mut conn) => work_on(&name, &mut conn, &ledger, hold, &mut held).await,
+            Err(Gone) => Err(Gone),
+        };
+        match outcome {
+            Ok(stats) => return Some(stats),
+            Err(Gone) => {
+                ledger.books().orphans.extend(held);
+                ledger.set_holding(&name, 0);
+                next_endpoint(&mut endpoint, &name).await;
+            }
+        }
+    }
+}
+
+async fn work_on(
+    name: &str,
+    conn: &mut Conn,
+    ledger: &Ledger,
+    hold: usize,
+    held: &mut VecDeque<Delivery>,
+) -> Io<HashMap<String, u64>> {
+    loop {
+        let asked = Instant::now();
+        let reply = conn.cmd("reserve-with-timeout 1").await?;
+        if reply.starts_with("RESERVED ") {
+            let (id, body) = conn.job(&reply).await?;
+            let d = Delivery {
+                worker: name.to_string(),
+                id,
+                body,
+                asked,
+                at: Instant::now(),
+            };
+            ledger.books().deliveries.push(d.clone());
+            held.push_back(d);
+            ledger.set_holding(name, held.len());
+            while held.len() > hold {
+                delete_oldest(name, conn, ledger, held).await?;
+            }
+        } else if reply == "TIMED_OUT" || reply == "DEADLINE_SOON" {
+            while !held.is_empty() {
+                delete_oldest(name, conn, ledger, held).await?;
+            }
+            if reply == "TIMED_OUT" && ledger.done.load(Ordering::SeqCst) {
+                let stats = conn.stats().await?;
+                if CURRENT.iter().all(|k| figure(&stats, k) == 0) {
+                    return Ok(stats);
+                }
+            }
+        } else {
+            panic!("{name}: unexpected reply to reserve: {reply:?}");
+        }
+    }
+}
+
+async fn delete_oldest(
+    name: &str,
+    conn: &mut Conn,
+    ledger: &Ledger,
+    held: &mut VecDeque<Delivery>,
+) -> Io<()> {
+    let d = held.pop_front().expect("a held job");
+    ledger.set_holding(name, held.len());
+    match conn.cmd(&format!("delete {}", d.id)).await {
+        Ok(reply) => {
+            assert_eq!(reply, "DELETED", "{name}: delete {}", d.id);
+            ledger.books().deleted.insert(d.id, Instant::now());
+            Ok(())
+        }
+        Err(Gone) => {
+            ledger.books().delete_in_doubt.insert(d.id);
+            Err(Gone)
+        }
+    }
+}
+
+/// Waits until `ok` holds, polling; panics after `limit`.
+pub async fn wait_until(what: &str, limit: Duration, ok: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Awaits a role's task, failing the test if it panicked or overran. An
+/// overrun is first checked against the ledger, which names what is missing.
+pub async fn join<T>(what: &str, task: JoinHandle<T>, ledger: &Ledger) -> T {
+    match tokio::time::timeout(DRAIN_LIMIT, task).await {
+        Ok(done) => done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
+        Err(_) => {
+            ledger.check(false);
+            panic!("{what} did not finish within {DRAIN_LIMIT:?}")
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Killing Redis: redis-server killed and restarted on its own data, an
+//! outage clients and blocked workers live through, and a Redis that is full.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::common;
+use crate::common::redis::RedisServer;
+use crate::common::{Client, REPLY_TIMEOUT};
+use crate::conn::CURRENT;
+use crate::in_process::InProcess;
+
+/// Polls until delayq reaches Redis again (`list-tubes` needs it).
+async fn wait_for_redis(c: &mut Client) -> Duration {
+    let start = Instant::now();
+    loop {
+        match c.reply("list-tubes").await.as_str() {
+            "OK" => return start.elapsed(),
+            "INTERNAL_ERROR" => {}
+            other => panic!("list-tubes answered {other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "delayq never got Redis back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts `cmd` answers `INTERNAL_ERROR` promptly.
+async fn internal_error(c: &mut Client, cmd: &str) {
+    let start = Instant::now();
+    assert_eq!(
+        c.cmd(cmd).await,
+        "INTERNAL_ERROR",
+        "{cmd} while Redis is down"
+    );
+    assert!(
+        start.elapsed() < REPLY_TIMEOUT,
+        "{cmd} took {:?} to fail",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_restart_with_appendonly_always_keeps_every_acknowledged_job() {
+    let mut redis = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let server = InProcess::start(&redis.url).await;
+    let mut producer = server.client().await;
+    let mut acked: HashMap<String, Vec<u8>> = HashMap::new();
+    for n in 0..40u32 {
+        let body = format!("durable-{n}").into_bytes();
+        let reply = producer.put(n % 4, n % 3, 60, &body).await;
+        let id = reply
+            .strip_prefix("INSERTED ")
+            .unwrap_or_else(|| panic!("expected INSERTED <id>, got {reply:?}"));
+        acked.insert(id.to_string(), body);
+    }
+    let reply = producer.put_id(0, 1, 60, b"named", "order:1").await;
+    assert_eq!(reply, "INSERTED order:1");
+    acked.insert("order:1".into(), b"named".to_vec());
+    // One job is reserved across the outage; its holder deletes it after.
+    let mut holder = server.client().await;
+    let held = holder.reserved("reserve-with-timeout 0").await;
+    assert_eq!(acked.remove(&held.id), Some(held.body));
+
+    redis.kill();
+    internal_error(&mut producer, "put 0 0 60 4\r\nlost").await;
+    internal_error(&mut producer, "peek-ready").await;
+    internal_error(&mut producer, "stats").await;
+    internal_error(&mut producer, "reserve-with-timeout 0").await;
+    internal_error(&mut holder, &format!("touch {}", held.id)).await;
+    // Both connections are still open and answer what needs no Redis.
+    producer.ping().await;
+    holder.ping().await;
+
+    redis.restart();
+    let took = wait_for_redis(&mut producer).await;
+    eprintln!("delayq reached the restarted Redis after {took:?}");
+    assert_eq!(holder.cmd(&format!("delete {}", held.id)).await, "DELETED");
+    let s = producer.stats().await;
+    assert_eq!(s.num("total-jobs"), 41, "the refused put stored nothing");
+    assert_eq!(
+        s.num("current-jobs-ready") + s.num("current-jobs-delayed"),
+        40
+    );
+    // Ids go on after the last one stored: none is handed out twice.
+    assert_eq!(producer.put(0, 0, 60, b"after").await, "INSERTED 42");
+    acked.insert("42".into(), b"after".to_vec());
+
+    let mut worker = server.client().await;
+    let mut got = HashMap::new();
+    while got.len() < acked.len() {
+        let job = worker.reserved("reserve-with-timeout 5").await;
+        assert_eq!(worker.cmd(&format!("delete {}", job.id)).await, "DELETED");
+        assert!(
+            got.insert(job.id.clone(), job.body).is_none(),
+            "{} twice",
+            job.id
+        );
+    }
+    assert_eq!(got, acked);
+    let s = producer.stats().await;
+    for k in CURRENT {
+        assert_eq!(s.num(k), 0, "{k}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_outage_keeps_clients_and_resumes_blocked_workers() {
+    let mut redis = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let server = InProcess::start(&redis.url).await;
+    let mut producer = server.client().await;
+    let mut watcher = server.client().await;
+    // One worker waits for a job put after the outage, one for a job that
+    // falls due during it.
+    let mut worker = server.client().await;
+    worker.send_line("reserve").await;
+    let mut late_worker = server.client().await;
+    assert_eq!(late_worker.cmd("watch later").await, "WATCHING 2");
+    assert_eq!(late_worker.cmd("ignore default").await, "WATCHING 1");
+    late_worker.send_line("reserve").await;
+    watcher.wait_stat("current-waiting", 2).await;
+    assert_eq!(producer.cmd("use later").await, "USING later");
+    assert_eq!(producer.put(0, 1, 60, b"due-in-outage").await, "INSERTED 1");
+    assert_eq!(producer.cmd("use default").await, "USING default");
+
+    let outage = Instant::now();
+    redis.kill();
+    internal_error(&mut producer, "put 0 0 60 4\r\nlost").await;
+    internal_error(&mut producer, "stats").await;
+    assert_eq!(producer.cmd("list-tube-used").await, "USING default");
+    internal_error(&mut producer, "put 0 0 60 5\r\nlost2").await;
+    // A client that connects during the outage is kept too.
+    let mut newcomer = server.client().await;
+    assert_eq!(newcomer.cmd("list-tube-used").await, "USING default");
+    internal_error(&mut newcomer, "put 0 0 60 5\r\nlost3").await;
+    // The blocked workers hear nothing meanwhile, and stay connected.
+    let quiet = Duration::from_secs(3).saturating_sub(outage.elapsed());
+    worker.expect_silence(quiet / 2).await;
+    late_worker.expect_silence(quiet / 2).await;
+    assert_eq!(producer.cmd("list-tube-used").await, "USING default");
+
+    redis.restart();
+    wait_for_redis(&mut producer).await;
+    let put_at = Instant::now();
+    assert_eq!(producer.put(0, 0, 60, b"after").await, "INSERTED 2");
+    let line = worker.line().await;
+    let job = worker.job_after("RESERVED", &line).await;
+    assert_eq!((job.id.as_str(), &job.body[..]), ("2", &b"after"[..]));
+    assert!(
+        put_at.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        put_at.elapsed()
+    );
+    let line = late_worker.line().await;
+    let job = late_worker.job_after("RESERVED", &line).await;
+    assert_eq!(
+        (job.id.as_str(), &job.body[..]),
+        ("1", &b"due-in-outage"[..])
+    );
+    let s = watcher.stats().await;
+    assert_eq!(s.num("current-waiting"), 0);
+    assert_eq!(s.num("current-jobs-reserved"), 2);
+    assert_eq!(s.num("total-jobs"), 2, "the refused puts stored nothing");
+}
+
+// A full Redis
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn out_of_memory_put_answers_out_of_memory() {
+    let redis = RedisServer::start(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]);
+    let server = InProcess::start(&redis.url).await;
+    let mut c = server.client().await;
+    // Redis alone takes about 0.9 MB; 2 MB leaves room for about 11 jobs of
+    // 60 kB (at 1.5 MB only 2 fit; at 1.2 MB not even a 1-byte job does).
+    let body = |n: u64| {
+        let mut b = format!("big-{n}-").into_bytes();
+        b.resize(60_000, b'x');
+        b
+    };
+    let mut inserted = 0u64;
+    let refused = loop {
+        let reply = c.put(0, 0, 60, &body(inserted + 1)).await;
+        if reply != format!("INSERTED {}", inserted + 1) {
+            break reply;
+        }
+        inserted += 1;
+        assert!(inserted < 200, "Redis never filled up");
+    };
+    assert_eq!(refused, "OUT_OF_MEMORY");
+    assert!(inserted > 0, "not even one job fitted");
+    assert_eq!(c.put(0, 0, 60, &body(0)).await, "OUT_OF_MEMORY");
+    c.ping().await;
+
+    // Redis holds exactly the jobs acknowledged, nothing of the refused ones.
+    let client = ::redis::Client::open(redis.url.as_str()).expect("redis URL");
+    let mut r = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to redis");
+    let count = |cmd: &str, key: &str| {
+        let mut r = r.clone();
+        let (cmd, key) = (cmd.to_string(), format!("{{delayq:}}{key}"));
+        async move {
+            let n: Option<u64> = ::redis::cmd(&cmd)
+                .arg(&key)
+                .query_async(&mut r)
+                .await
+                .unwrap_or_else(|e| panic!("{cmd} {key}: {e}"));
+            n.unwrap_or(0)
+        }
+    };
+    assert_eq!(count("HLEN", "jobs").await, inserted);
+    assert_eq!(count("HLEN", "bodies").await, inserted);
+    assert_eq!(count("ZCARD", "ready:default").await, inserted);
+    assert_eq!(
+        count("GET", "seq").await,
+        inserted,
+        "a refused put took an id"
+    );
+    let total: Option<u64> = ::redis::cmd("HGET")
+        .arg("{delayq:}totals")
+        .arg("jobs")
+        .query_async(&mut r)
+        .await
+        .expect("HGET totals");
+    assert_eq!(total, Some(inserted));
+
+    // delayq's own view agrees, while Redis is still full. (Redis refuses
+    // a write once it is over `maxmemory`; the last put that fitted may well
+    // have taken it over, so Redis stays over until jobs are deleted, and
+    // reading and deleting must still work.)
+    c.send_line("stats").await;
+    let line = c.line().await;
+    assert!(
+        line.starts_with("OK "),
+        "stats with {inserted} jobs in a full Redis answered {line:?}"
+    );
+    let len: usize = line[3..].parse().expect("byte count");
+    let doc = c.read_exact(len + 2).await;
+    let s = common::Yaml::parse(std::str::from_utf8(&doc[..len]).expect("UTF-8"));
+    assert_eq!(s.num("current-jobs-ready"), inserted);
+    assert_eq!(s.num("current-jobs-urgent"), inserted);
+    assert_eq!(s.num("total-jobs"), inserted);
+
+    // Workers can still drain a full Redis, which makes room again.
+    for _ in 0..inserted {
+        let line = c.cmd("reserve-with-timeout 0").await;
+        let job = c.job_after("RESERVED", &line).await;
+        assert_eq!(c.cmd(&format!("delete {}", job.id)).await, "DELETED");
+    }
+    let next = inserted + 1;
+    assert_eq!(
+        c.put(0, 0, 60, &body(next)).await,
+        format!("INSERTED {next}")
+    );
+}

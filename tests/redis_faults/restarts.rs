@@ -1,0 +1,168 @@
+//! Killing delayq: a process killed and restarted, one of two processes
+//! killed for good, and the tube users a killed process leaves behind.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::common::Client;
+use crate::common::daemon::Daemon;
+use crate::common::redis::RedisServer;
+use crate::conn::figure;
+use crate::ledger::Ledger;
+use crate::load::{job, join, produce, wait_until, work};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delayq_killed_and_restarted_loses_nothing() {
+    const JOBS: usize = 300;
+    const KILLS: usize = 3;
+    let started = Instant::now();
+    let redis = RedisServer::start(&[]);
+    let mut daemon = Daemon::redis(&redis.url).await;
+    let (tx, endpoint) = watch::channel(Some(daemon.addr));
+    let ledger = Arc::new(Ledger::default());
+    let jobs = (0..JOBS).map(|n| job("restart", n, 2 + (n % 2) as u32));
+    let producer = tokio::spawn({
+        let (endpoint, ledger) = (endpoint.clone(), ledger.clone());
+        async move {
+            let pace = Duration::from_millis(8);
+            produce("producer", endpoint, ledger, jobs.collect(), 1, pace).await;
+        }
+    });
+    let worker = tokio::spawn(work("worker".into(), endpoint.clone(), ledger.clone(), 3));
+
+    for k in 1..=KILLS {
+        // Kill once a share of the jobs is in, while the worker holds some.
+        let ledger = &ledger;
+        let enough = k * JOBS / (KILLS + 1);
+        wait_until("jobs acknowledged", Duration::from_secs(15), || {
+            ledger.acked_count() >= enough
+        })
+        .await;
+        wait_until("the worker holds a job", Duration::from_secs(5), || {
+            ledger.holding("worker") > 0
+        })
+        .await;
+        daemon.kill();
+        daemon = Daemon::redis(&redis.url).await;
+        tx.send(Some(daemon.addr)).expect("roles listening");
+    }
+    join("the producer", producer, &ledger).await;
+    ledger.done.store(true, Ordering::SeqCst);
+    let stats = join("the worker", worker, &ledger)
+        .await
+        .expect("the worker's process is never gone for good");
+
+    let summary = ledger.check(false);
+    eprintln!("{summary:?} in {:?}", started.elapsed());
+    // With one put in flight at a time, each kill leaves at most one in doubt.
+    assert!(summary.in_doubt <= KILLS, "{summary:?}");
+    assert_eq!(summary.acked + summary.in_doubt, JOBS, "{summary:?}");
+    assert!(
+        summary.orphans > 0,
+        "no kill caught the worker holding a job: {summary:?}"
+    );
+    assert_eq!(
+        figure(&stats, "total-jobs"),
+        (summary.acked + summary.in_doubt_stored) as u64,
+        "every job stored was acknowledged or in doubt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_one_killed_the_other_serves_on() {
+    const JOBS: usize = 300;
+    let started = Instant::now();
+    let redis = RedisServer::start(&[]);
+    let mut a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
+    let (tx_a, endpoint_a) = watch::channel(Some(a.addr));
+    let (_tx_b, endpoint_b) = watch::channel(Some(b.addr));
+    let ledger = Arc::new(Ledger::default());
+    let pace = Duration::from_millis(8);
+    let mut producers = Vec::new();
+    for (name, endpoint, range) in [
+        ("producer-a", &endpoint_a, 0..JOBS / 2),
+        ("producer-b", &endpoint_b, JOBS / 2..JOBS),
+    ] {
+        let jobs = range.map(|n| job("two", n, 2 + (n % 2) as u32)).collect();
+        let (endpoint, ledger) = (endpoint.clone(), ledger.clone());
+        producers.push(tokio::spawn(async move {
+            produce(name, endpoint, ledger, jobs, 1, pace).await;
+        }));
+    }
+    let worker_a = tokio::spawn(work("worker-a".into(), endpoint_a, ledger.clone(), 3));
+    let worker_b = tokio::spawn(work("worker-b".into(), endpoint_b, ledger.clone(), 3));
+
+    // Kill A a third of the way in, while its worker holds jobs.
+    wait_until("jobs acknowledged", Duration::from_secs(15), || {
+        ledger.acked_count() >= JOBS / 3
+    })
+    .await;
+    wait_until("worker-a holds a job", Duration::from_secs(5), || {
+        ledger.holding("worker-a") > 0
+    })
+    .await;
+    a.kill();
+    tx_a.send(None).expect("roles listening");
+
+    for (i, p) in producers.into_iter().enumerate() {
+        join(&format!("producer {i}"), p, &ledger).await;
+    }
+    ledger.done.store(true, Ordering::SeqCst);
+    assert!(
+        join("worker-a", worker_a, &ledger).await.is_none(),
+        "worker-a outlived its process"
+    );
+    let stats = join("worker-b", worker_b, &ledger)
+        .await
+        .expect("worker-b's process lives on");
+
+    let summary = ledger.check(false);
+    eprintln!("{summary:?} in {:?}", started.elapsed());
+    assert!(summary.orphans > 0, "{summary:?}");
+    assert!(summary.per_worker.get("worker-a").copied().unwrap_or(0) > 0);
+    assert_eq!(
+        figure(&stats, "total-jobs"),
+        (summary.acked + summary.in_doubt_stored) as u64,
+        "every job stored was acknowledged or in doubt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_process_leaves_no_tube_users_behind() {
+    let redis = RedisServer::start(&[]);
+    let mut a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
+    let mut on_a = Client::connect(a.addr).await;
+    assert_eq!(on_a.cmd("use only-a").await, "USING only-a");
+    assert_eq!(on_a.cmd("watch only-a").await, "WATCHING 2");
+    let mut on_b = Client::connect(b.addr).await;
+    // Wait out the connections `Daemon::start` opened to see the ports open.
+    on_b.poll_yaml("stats-tube default", |s| {
+        (s.num("current-using"), s.num("current-watching")) == (1, 2)
+    })
+    .await;
+    a.kill();
+    // The figures cover every process, so they are Redis's: once A is gone
+    // (it had no chance to clean up), they must come to count only B's
+    // connection, and the tube only A's connection kept alive must go.
+    let start = Instant::now();
+    loop {
+        let s = on_b.stats_tube("default").await;
+        let users = (s.num("current-using"), s.num("current-watching"));
+        let tubes = on_b.tubes().await;
+        if users == (1, 1) && tubes == ["default"] {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "5 s after A was killed, `default` still counts A's connection \
+             (current-using, current-watching = {users:?}, expected (1, 1)) \
+             and list-tubes is {tubes:?}, expected [\"default\"]"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
