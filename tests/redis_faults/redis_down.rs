@@ -212,7 +212,6 @@ async fn out_of_memory_put_answers_out_of_memory() {
         }
     };
     assert_eq!(count("HLEN", "jobs").await, inserted);
-    assert_eq!(count("HLEN", "bodies").await, inserted);
     assert_eq!(count("ZCARD", "ready:default").await, inserted);
     assert_eq!(
         count("GET", "seq").await,

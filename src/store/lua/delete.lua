@@ -9,7 +9,6 @@ if mode == 'finish' and not is_held(job, owner) then return 0 end
 if job[STATE] == 'reserved' and job[OWNER] ~= owner then return 0 end
 unlink(key, job)
 redis.call('HDEL', P .. 'jobs', key)
-redis.call('HDEL', P .. 'bodies', key)
 if job[NAME] ~= '' then redis.call('HDEL', P .. 'names', job[NAME]) end
 redis.call('HINCRBY', tube_key('tube', job[TUBE]), 'cmd-delete', 1)
 forget_if_unused(job[TUBE])

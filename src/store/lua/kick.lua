@@ -7,7 +7,13 @@ if kind == '' then
   kind = redis.call('ZCARD', tube_key('buried', tube)) > 0 and 'buried' or 'delayed'
 end
 if bound <= 0 then return { 0, kind } end
-local keys = redis.call('ZRANGE', tube_key(kind, tube), 0, bound - 1)
+local keys
+if kind == 'buried' then
+  keys = redis.call('ZRANGE', tube_key('buried', tube), 0, bound - 1)
+else
+  keys = {}
+  for _, j in ipairs(first_delayed(tube, bound)) do keys[#keys + 1] = j[2] end
+end
 for _, key in ipairs(keys) do
   local job = load(key)
   unlink(key, job)

@@ -5,6 +5,9 @@ local mode, arg = ARGV[2], ARGV[3]
 local key, job
 if mode == 'id' then
   key, job = key_of(arg)
+elseif mode == 'delayed' then
+  local first = first_delayed(arg, 1)[1]
+  if first then key = first[2]; job = load(key) end
 else
   key = redis.call('ZRANGE', tube_key(mode, arg), 0, 0)[1]
   if key then job = load(key) end

@@ -7,12 +7,14 @@
 -- tube or the caller's arguments, under the same prefix.
 --
 -- A job is a 12-hex-digit key (its server sequence number) with:
---   P.."jobs"   hash  key -> cmsgpack array (fields below)
---   P.."bodies" hash  key -> body
+--   P.."jobs"   hash  key -> cmsgpack array (fields below, body last)
 --   P.."names"  hash  client id -> key (only for client-chosen ids)
 -- and one index entry for its state:
 --   ready    P.."ready:"..tube    zset  score priority, member key
---   delayed  P.."delayed:"..tube  zset  score due (ms), member key
+--   delayed  P.."bucket:"..tube..":"..second  set  the jobs due in that
+--            second, each as the integer key * 1000 + the due time's ms
+--            (small sets of integers, which Redis stores compactly)
+--            P.."delayed:"..tube  zset  the tube's non-empty buckets, by second
 --            P.."due"             zset  tube -> earliest due time (may lag)
 --   reserved P.."reserved"        zset  score deadline (ms), member key
 --            P.."held:"..owner    set   keys the connection `owner` holds
@@ -28,7 +30,7 @@ local P = ARGV[1]
 
 -- Job fields (indexes into the cmsgpack array).
 local STATE, PRI, DELAY, TTR, CREATED, AT, OWNER, TUBE, NAME = 1, 2, 3, 4, 5, 6, 7, 8, 9
-local RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS = 10, 11, 12, 13, 14
+local RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS, BODY = 10, 11, 12, 13, 14, 15
 local URGENT = 1024
 
 local function now_ms()
@@ -117,6 +119,41 @@ local function forget_if_unused(tube)
   redis.call('ZREM', P .. 'due', tube)
 end
 
+-- The bucket of a job due at `due` ms, and its second.
+local function bucket_of(tube, due)
+  local second = math.floor(due / 1000)
+  return P .. 'bucket:' .. tube .. ':' .. second, second
+end
+
+-- A delayed job's bucket member: its key and the ms of its due time.
+local function bucket_member(key, due)
+  return string.format('%d', tonumber(key, 16) * 1000 + due % 1000)
+end
+
+-- The jobs of one bucket as {due, key}, soonest first (then oldest).
+local function bucket_jobs(tube, second, members)
+  members = members or redis.call('SMEMBERS', P .. 'bucket:' .. tube .. ':' .. second)
+  local jobs = {}
+  for _, m in ipairs(members) do
+    m = tonumber(m)
+    jobs[#jobs + 1] = { second * 1000 + m % 1000, string.format('%012x', math.floor(m / 1000)) }
+  end
+  table.sort(jobs, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  return jobs
+end
+
+-- The delayed jobs of a tube, soonest first, at most `limit` of them.
+local function first_delayed(tube, limit)
+  local out = {}
+  for _, second in ipairs(redis.call('ZRANGE', tube_key('delayed', tube), 0, limit - 1)) do
+    for _, j in ipairs(bucket_jobs(tube, tonumber(second))) do
+      if #out >= limit then return out end
+      out[#out + 1] = j
+    end
+  end
+  return out
+end
+
 -- Takes a job out of the index of its current state.
 local function unlink(key, job)
   local tube, state = job[TUBE], job[STATE]
@@ -126,7 +163,10 @@ local function unlink(key, job)
   elseif state == 'delayed' then
     -- P.."due" may now point earlier than the tube's first job: the timer
     -- then finds nothing due there and moves the entry on.
-    redis.call('ZREM', tube_key('delayed', tube), key)
+    local bucket, second = bucket_of(tube, job[AT])
+    redis.call('SREM', bucket, bucket_member(key, job[AT]))
+    if redis.call('EXISTS', bucket) == 0 then redis.call('ZREM', tube_key('delayed', tube), second) end
+    redis.call('HINCRBY', tube_key('tube', tube), 'delayed', -1)
   elseif state == 'reserved' then
     redis.call('ZREM', P .. 'reserved', key)
     redis.call('SREM', P .. 'held:' .. job[OWNER], key)
@@ -146,8 +186,11 @@ local function link(key, job, state, at)
     if job[PRI] < URGENT then redis.call('HINCRBY', tube_key('tube', tube), 'urgent', 1) end
     announce(tube)
   elseif state == 'delayed' then
-    redis.call('ZADD', tube_key('delayed', tube), at, key)
+    local bucket, second = bucket_of(tube, at)
+    redis.call('SADD', bucket, bucket_member(key, at))
+    redis.call('ZADD', tube_key('delayed', tube), second, second)
     redis.call('ZADD', P .. 'due', 'LT', at, tube)
+    redis.call('HINCRBY', tube_key('tube', tube), 'delayed', 1)
   elseif state == 'reserved' then
     redis.call('ZADD', P .. 'reserved', at, key)
     redis.call('SADD', P .. 'held:' .. job[OWNER], key)
@@ -160,7 +203,7 @@ end
 
 -- The job as handed to a client: id, tube, body.
 local function body_of(key, job)
-  return { id_of(key, job), job[TUBE], redis.call('HGET', P .. 'bodies', key) }
+  return { id_of(key, job), job[TUBE], job[BODY] }
 end
 
 local function reserve_key(key, job, owner, now)

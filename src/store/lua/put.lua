@@ -10,9 +10,8 @@ local key = string.format('%012x', redis.call('INCR', P .. 'seq'))
 ensure_tube(tube)
 redis.call('HINCRBY', tube_key('tube', tube), 'total', 1)
 redis.call('HINCRBY', P .. 'totals', 'jobs', 1)
-redis.call('HSET', P .. 'bodies', key, ARGV[7])
 if name ~= '' then redis.call('HSET', P .. 'names', name, key) end
-local job = { '', pri, delay, ttr, now, 0, '', tube, name, 0, 0, 0, 0, 0 }
+local job = { '', pri, delay, ttr, now, 0, '', tube, name, 0, 0, 0, 0, 0, ARGV[7] }
 if delay > 0 then
   link(key, job, 'delayed', now + delay)
 else

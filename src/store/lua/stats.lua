@@ -6,7 +6,7 @@ local tubes = redis.call('ZRANGE', P .. 'tubes', 0, -1)
 for _, tube in ipairs(tubes) do
   urgent = urgent + tonumber(redis.call('HGET', tube_key('tube', tube), 'urgent') or 0)
   ready = ready + redis.call('ZCARD', tube_key('ready', tube))
-  delayed = delayed + redis.call('ZCARD', tube_key('delayed', tube))
+  delayed = delayed + tonumber(redis.call('HGET', tube_key('tube', tube), 'delayed') or 0)
   buried = buried + redis.call('ZCARD', tube_key('buried', tube))
 end
 local totals = redis.call('HMGET', P .. 'totals', 'timeouts', 'jobs')

@@ -14,20 +14,32 @@ local now, budget = now_ms(), tonumber(ARGV[2])
 heartbeat(ARGV[3])
 
 local due = redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)
+local this_second = math.floor(now / 1000)
 for _, tube in ipairs(due) do
-  local bucket = tube_key('delayed', tube)
-  local keys = redis.call('ZRANGEBYSCORE', bucket, '-inf', now, 'LIMIT', 0, budget)
-  for _, key in ipairs(keys) do
-    local job = load(key)
-    unlink(key, job)
-    link(key, job, 'ready', 0)
+  local buckets = tube_key('delayed', tube)
+  for _, second in ipairs(redis.call('ZRANGEBYSCORE', buckets, '-inf', this_second, 'LIMIT', 0, budget)) do
+    second = tonumber(second)
+    local members = nil
+    if second < this_second then
+      -- Every job of a past second is due: take any, up to the budget.
+      members = redis.call('SRANDMEMBER', P .. 'bucket:' .. tube .. ':' .. second, budget)
+    end
+    for _, j in ipairs(bucket_jobs(tube, second, members)) do
+      if j[1] > now or budget <= 0 then break end
+      local job = load(j[2])
+      unlink(j[2], job)
+      link(j[2], job, 'ready', 0)
+      budget = budget - 1
+    end
+    if budget <= 0 then break end
   end
-  budget = budget - #keys
-  local first = redis.call('ZRANGE', bucket, 0, 0, 'WITHSCORES')
-  if first[1] then
-    redis.call('ZADD', P .. 'due', first[2], tube)
-  else
+  local first = redis.call('ZRANGE', buckets, 0, 0)[1]
+  if first == nil then
     redis.call('ZREM', P .. 'due', tube)
+  elseif tonumber(first) < this_second then
+    redis.call('ZADD', P .. 'due', now, tube)
+  else
+    redis.call('ZADD', P .. 'due', bucket_jobs(tube, tonumber(first))[1][1], tube)
   end
   if budget <= 0 then return done(0) end
 end
