@@ -470,14 +470,14 @@ async fn print_keys(redis: &mut MultiplexedConnection) {
                 .expect("size"),
             None => 1,
         };
-        let encoding: String = redis::cmd("OBJECT")
+        let encoding: Option<String> = redis::cmd("OBJECT")
             .arg("ENCODING")
             .arg(&key)
             .query_async(redis)
             .await
             .expect("OBJECT ENCODING");
         // SAMPLES 0: every element, so the big hashes are counted exactly.
-        let bytes: i64 = redis::cmd("MEMORY")
+        let bytes: Option<i64> = redis::cmd("MEMORY")
             .arg("USAGE")
             .arg(&key)
             .arg("SAMPLES")
@@ -485,7 +485,11 @@ async fn print_keys(redis: &mut MultiplexedConnection) {
             .query_async(redis)
             .await
             .expect("MEMORY USAGE");
-        rows.push((key, kind, size, encoding, bytes));
+        // Delay buckets come and go as their jobs fall due; skip one that
+        // went between the listing and these calls.
+        if let (Some(encoding), Some(bytes)) = (encoding, bytes) {
+            rows.push((key, kind, size, encoding, bytes));
+        }
     }
     rows.sort_by(|a, b| b.4.cmp(&a.4).then_with(|| a.0.cmp(&b.0)));
     let total: i64 = rows.iter().map(|r| r.4).sum();

@@ -15,6 +15,8 @@
 --            second, each as the integer key * 1000 + the due time's ms
 --            (small sets of integers, which Redis stores compactly)
 --            P.."delayed:"..tube  zset  the tube's non-empty buckets, by second
+--            P.."soon:"..tube     zset  score due (ms), member key: the jobs
+--            of the buckets whose second has begun, which the timer opened
 --            P.."due"             zset  tube -> earliest due time (may lag)
 --   reserved P.."reserved"        zset  score deadline (ms), member key
 --            P.."held:"..owner    set   keys the connection `owner` holds
@@ -109,7 +111,7 @@ local function forget_if_unused(tube)
   local using, watching = tube_users(tube)
   if using > 0 or watching > 0 then return end
   if redis.call('ZCARD', tube_key('ready', tube)) > 0
-    or redis.call('ZCARD', tube_key('delayed', tube)) > 0
+    or tonumber(redis.call('HGET', t, 'delayed') or 0) > 0
     or redis.call('ZCARD', tube_key('buried', tube)) > 0 then
     return
   end
@@ -145,6 +147,9 @@ end
 -- The delayed jobs of a tube, soonest first, at most `limit` of them.
 local function first_delayed(tube, limit)
   local out = {}
+  local soon = redis.call('ZRANGE', tube_key('soon', tube), 0, limit - 1, 'WITHSCORES')
+  for i = 1, #soon, 2 do out[#out + 1] = { tonumber(soon[i + 1]), soon[i] } end
+  if #out >= limit then return out end
   for _, second in ipairs(redis.call('ZRANGE', tube_key('delayed', tube), 0, limit - 1)) do
     for _, j in ipairs(bucket_jobs(tube, tonumber(second))) do
       if #out >= limit then return out end
@@ -164,8 +169,11 @@ local function unlink(key, job)
     -- P.."due" may now point earlier than the tube's first job: the timer
     -- then finds nothing due there and moves the entry on.
     local bucket, second = bucket_of(tube, job[AT])
-    redis.call('SREM', bucket, bucket_member(key, job[AT]))
-    if redis.call('EXISTS', bucket) == 0 then redis.call('ZREM', tube_key('delayed', tube), second) end
+    if redis.call('SREM', bucket, bucket_member(key, job[AT])) == 1 then
+      if redis.call('EXISTS', bucket) == 0 then redis.call('ZREM', tube_key('delayed', tube), second) end
+    else
+      redis.call('ZREM', tube_key('soon', tube), key)
+    end
     redis.call('HINCRBY', tube_key('tube', tube), 'delayed', -1)
   elseif state == 'reserved' then
     redis.call('ZREM', P .. 'reserved', key)

@@ -16,32 +16,40 @@ heartbeat(ARGV[3])
 local due = redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)
 local this_second = math.floor(now / 1000)
 for _, tube in ipairs(due) do
-  local buckets = tube_key('delayed', tube)
+  local buckets, soon = tube_key('delayed', tube), tube_key('soon', tube)
+  -- Open the buckets whose second has begun: their jobs go into the tube's
+  -- `soon` set, ordered to the millisecond, so no tick scans a whole bucket.
   for _, second in ipairs(redis.call('ZRANGEBYSCORE', buckets, '-inf', this_second, 'LIMIT', 0, budget)) do
     second = tonumber(second)
-    local members = nil
-    if second < this_second then
-      -- Every job of a past second is due: take any, up to the budget.
-      members = redis.call('SRANDMEMBER', P .. 'bucket:' .. tube .. ':' .. second, budget)
-    end
-    for _, j in ipairs(bucket_jobs(tube, second, members)) do
-      if j[1] > now or budget <= 0 then break end
-      local job = load(j[2])
-      unlink(j[2], job)
-      link(j[2], job, 'ready', 0)
+    local bucket = P .. 'bucket:' .. tube .. ':' .. second
+    for _, j in ipairs(bucket_jobs(tube, second, redis.call('SPOP', bucket, budget))) do
+      redis.call('ZADD', soon, j[1], j[2])
       budget = budget - 1
     end
-    if budget <= 0 then break end
+    if redis.call('EXISTS', bucket) == 1 or budget <= 0 then break end
+    redis.call('ZREM', buckets, second)
   end
-  local first = redis.call('ZRANGE', buckets, 0, 0)[1]
-  if first == nil then
-    redis.call('ZREM', P .. 'due', tube)
-  elseif tonumber(first) < this_second then
+  for _, key in ipairs(redis.call('ZRANGEBYSCORE', soon, '-inf', now, 'LIMIT', 0, math.max(budget, 0))) do
+    local job = load(key)
+    unlink(key, job)
+    link(key, job, 'ready', 0)
+    budget = budget - 1
+  end
+  if budget <= 0 then
     redis.call('ZADD', P .. 'due', now, tube)
-  else
-    redis.call('ZADD', P .. 'due', bucket_jobs(tube, tonumber(first))[1][1], tube)
+    return done(0)
   end
-  if budget <= 0 then return done(0) end
+  local next_due = redis.call('ZRANGE', soon, 0, 0, 'WITHSCORES')[2]
+  local next_second = redis.call('ZRANGE', buckets, 0, 0)[1]
+  if next_second then
+    local at = tonumber(next_second) * 1000
+    if next_due == nil or at < tonumber(next_due) then next_due = at end
+  end
+  if next_due == nil then
+    redis.call('ZREM', P .. 'due', tube)
+  else
+    redis.call('ZADD', P .. 'due', next_due, tube)
+  end
 end
 
 local expired = redis.call('ZRANGEBYSCORE', P .. 'reserved', '-inf', now, 'LIMIT', 0, budget)
