@@ -233,6 +233,7 @@ impl<S: Store> Broker<S> {
             };
             match event {
                 Some(StoreEvent::Ready(tube)) => self.serve(&[tube]).await,
+                Some(StoreEvent::Due(after)) => self.alarm.schedule(after),
                 Some(StoreEvent::Resync) => self.serve(&self.waiters.tubes()).await,
                 None => return,
             }

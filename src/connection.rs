@@ -89,18 +89,33 @@ async fn next_request(wire: &mut Wire, shutdown: &CancellationToken) -> Option<R
     polled?.ok()
 }
 
+/// How far past a reserve's timeout a job may fall due and still be
+/// delivered: the timeout runs on this process's clock, due times on the
+/// engine's (Redis's), and the two may differ by a few milliseconds.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(10);
+
 /// Before a reserve times out, moves whatever has fallen due and tries once
 /// more, as beanstalkd does: a job due a millisecond before the timeout must
 /// not be missed because the timer had not run yet.
 async fn last_chance<S: Store>(session: &mut Session<S>, tubes: &[Tube]) -> Reply {
-    let broker = session.broker();
-    if let Err(e) = broker.tick().await {
-        debug!(error = %e, "tick before a reserve timeout failed");
+    for _ in 0..3 {
+        let broker = session.broker();
+        let next = match broker.tick().await {
+            Ok(next) => next,
+            Err(e) => {
+                debug!(error = %e, "tick before a reserve timeout failed");
+                None
+            }
+        };
+        if let Ok(Some(got)) = broker.reserve(session.id, tubes).await {
+            return session.took(got);
+        }
+        match next {
+            Some(after) if after <= TIMEOUT_GRACE => tokio::time::sleep(after).await,
+            _ => break,
+        }
     }
-    match broker.reserve(session.id, tubes).await {
-        Ok(Some(got)) => session.took(got),
-        _ => Reply::TimedOut,
-    }
+    Reply::TimedOut
 }
 
 async fn sleep_until_some(at: Option<Instant>) {

@@ -154,18 +154,53 @@ async fn a_job_put_on_one_process_reaches_a_worker_blocked_on_another() {
 
 #[tokio::test]
 async fn a_delayed_job_of_a_killed_process_is_delivered_by_another() {
+    const JOBS: u32 = 5;
     let redis = RedisServer::start(&[]);
     let mut a = Daemon::redis(&redis.url).await;
     let b = Daemon::redis(&redis.url).await;
+    let mut workers = Vec::new();
+    for _ in 0..JOBS {
+        let mut worker = b.client().await;
+        worker.send_line("reserve-with-timeout 10").await;
+        workers.push(worker);
+    }
+    b.client()
+        .await
+        .wait_stat("current-waiting", u64::from(JOBS))
+        .await;
+    // One-second delays, put over a second: whatever the phase of B's own
+    // once-a-second tick, some job falls due before B's next tick would
+    // have seen it.
     let mut producer = a.client().await;
-    assert_eq!(producer.put(0, 1, 60, b"orphan").await, "INSERTED 1");
+    let mut due = Vec::new();
+    for k in 0..JOBS {
+        due.push(Instant::now() + Duration::from_secs(1));
+        assert_eq!(
+            producer.put(0, 1, 60, b"orphan").await,
+            format!("INSERTED {}", k + 1)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     a.signal(libc::SIGKILL);
     a.wait_exit();
-    let mut worker = b.client().await;
-    assert_eq!(
-        worker.reserved("reserve-with-timeout 5").await.body,
-        b"orphan"
-    );
+    // B learns each due time when A puts the job (pub/sub) or at its own
+    // next tick, a second at most later and so before the job falls due:
+    // each is delivered on time; waiters are served in order.
+    for (k, worker) in workers.iter_mut().enumerate() {
+        let line = worker.line().await;
+        let got = Instant::now();
+        assert_eq!(line, format!("RESERVED {} 6", k + 1));
+        let late = got.saturating_duration_since(due[k]);
+        assert!(
+            got + Duration::from_millis(100) >= due[k],
+            "job {k} came early"
+        );
+        assert!(
+            late < Duration::from_millis(400),
+            "job {k} came {late:?} late"
+        );
+        assert_eq!(worker.read_exact(8).await, b"orphan\r\n");
+    }
 }
 
 #[test]

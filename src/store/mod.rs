@@ -195,6 +195,9 @@ pub enum TubeRef {
 pub enum StoreEvent {
     /// Jobs became ready in this tube: serve its waiting connections.
     Ready(Tube),
+    /// Another process created a due time this far from now, earlier than
+    /// any it knew of: the timer must wake by then.
+    Due(Duration),
     /// Events may have been missed (the engine reconnected): serve every
     /// tube that has waiting connections.
     Resync,

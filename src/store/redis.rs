@@ -250,8 +250,14 @@ async fn listen(
             let _ = tx.send(StoreEvent::Resync).await;
             let mut messages = pubsub.on_message();
             while let Some(msg) = messages.next().await {
-                if let Some(t) = Tube::parse(msg.get_payload_bytes()) {
-                    let _ = tx.send(StoreEvent::Ready(t)).await;
+                let payload = msg.get_payload_bytes();
+                let event = match payload.strip_prefix(b"due:") {
+                    Some(ms) => crate::names::parse_u64(ms)
+                        .map(|ms| StoreEvent::Due(Duration::from_millis(ms))),
+                    None => Tube::parse(payload).map(StoreEvent::Ready),
+                };
+                if let Some(event) = event {
+                    let _ = tx.send(event).await;
                 }
             }
             Ok::<(), RedisError>(())

@@ -197,7 +197,11 @@ local function link(key, job, state, at)
     local bucket, second = bucket_of(tube, at)
     redis.call('SADD', bucket, bucket_member(key, at))
     redis.call('ZADD', tube_key('delayed', tube), second, second)
-    redis.call('ZADD', P .. 'due', 'LT', at, tube)
+    if redis.call('ZADD', P .. 'due', 'LT', 'CH', at, tube) == 1 then
+      -- An earlier due time than the timers knew of: tell every process
+      -- how long from now (no tube name contains ':').
+      redis.call('PUBLISH', P .. 'events', 'due:' .. math.max(at - now_ms(), 0))
+    end
     redis.call('HINCRBY', tube_key('tube', tube), 'delayed', 1)
   elseif state == 'reserved' then
     redis.call('ZADD', P .. 'reserved', at, key)
