@@ -136,7 +136,10 @@ async fn redis_outage_keeps_clients_and_resumes_blocked_workers() {
     assert_eq!(newcomer.cmd("list-tube-used").await, "USING default");
     internal_error(&mut newcomer, "put 0 0 60 5\r\nlost3").await;
     // The blocked workers hear nothing meanwhile, and stay connected.
-    let quiet = Duration::from_secs(3).saturating_sub(outage.elapsed());
+    // 3 s keeps CI quick; DELAYQ_OUTAGE_SECS=10 is the ten seconds.
+    let outage_secs = std::env::var("DELAYQ_OUTAGE_SECS").ok();
+    let outage_secs = outage_secs.and_then(|s| s.parse().ok()).unwrap_or(3);
+    let quiet = Duration::from_secs(outage_secs).saturating_sub(outage.elapsed());
     worker.expect_silence(quiet / 2).await;
     late_worker.expect_silence(quiet / 2).await;
     assert_eq!(producer.cmd("list-tube-used").await, "USING default");
