@@ -205,6 +205,9 @@ impl RedisStore {
     /// Runs `script` with the key prefix and then `args` as ARGV.
     async fn call<T: FromRedisValue>(&self, script: &Script, args: Vec<Vec<u8>>) -> StoreResult<T> {
         let mut invocation = script.prepare_invoke();
+        // One declared key, so a cluster-aware client routes the call to the
+        // node of the prefix's hash slot, where every key it touches lives.
+        invocation.key(format!("{}jobs", self.tag));
         invocation.arg(&self.tag);
         for arg in args {
             invocation.arg(arg);

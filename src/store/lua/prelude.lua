@@ -2,9 +2,9 @@
 --
 -- ARGV[1] is always the key prefix including its hash tag, such as
 -- "{delayq:}". Every key begins with it, so every key a script touches lies
--- in one hash slot. The fixed keys are declared in KEYS by the caller; the
--- per-tube and per-connection keys are derived here from the job's stored
--- tube or the caller's arguments, under the same prefix.
+-- in one hash slot. KEYS[1] is always P.."jobs", declared so that a cluster
+-- routes the call to that slot's node; the other keys are derived here from
+-- the prefix and the job's stored tube or the caller's arguments.
 --
 -- A job is a 12-hex-digit key (its server sequence number) with:
 --   P.."jobs"   hash  key -> cmsgpack array (fields below, body last)

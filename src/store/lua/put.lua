@@ -1,5 +1,4 @@
 -- put: insert a job, ready or delayed.
--- KEYS: none beyond the prefix's own (all derived).
 -- ARGV: prefix, tube, client id ('' for a server id), pri, delay ms, ttr ms, body
 -- Returns {1, id} inserted, or {0, id} when the client id exists already.
 local tube, name = ARGV[2], ARGV[3]
