@@ -113,10 +113,10 @@ pub struct JobStats {
     pub kicks: u64,
 }
 
-/// Whole seconds left of `ms` milliseconds, as beanstalkd reports them: it
-/// measures in nanoseconds, so a time just set (10 s) already shows as 9.
-/// With millisecond clocks, a remainder that has not yet ticked down is
-/// taken to have, and so rounds down the same way.
+/// Whole seconds left of `ms` milliseconds, as beanstalkd reports them.
+/// beanstalkd measures in nanoseconds, so a 10 s time already shows 9 right
+/// after it is set; a millisecond clock would still read exactly 10000 then,
+/// so one millisecond is taken off before rounding down.
 pub fn secs_left(ms: u64) -> u64 {
     ms.saturating_sub(1) / 1000
 }
@@ -326,8 +326,8 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// The longest the timer may sleep even with nothing due. A shared engine
-    /// sets this, because another process may create a due time and die
-    /// before it falls due.
+    /// sets this: its tick also tells the other processes this one is alive,
+    /// and catches due times another process created and could not announce.
     fn max_sleep(&self) -> Option<Duration> {
         None
     }

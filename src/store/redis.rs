@@ -37,8 +37,9 @@ const BATCH: u64 = 1000;
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the event listener retries while Redis is unreachable.
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
-/// The timer's longest sleep: another process may have created a due time
-/// and died before it fell due.
+/// The timer's longest sleep: each tick renews this process's alive mark
+/// (which expires after 3 s), and catches a due time another process created
+/// but could not announce.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -327,19 +328,11 @@ impl Store for RedisStore {
     }
 
     async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self
-            .call(&self.scripts.delete, args![&owner, &id, &"delete"])
-            .await?;
-        Ok(n == 1)
+        self.remove(conn, id, "delete").await
     }
 
     async fn finish(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self
-            .call(&self.scripts.delete, args![&owner, &id, &"finish"])
-            .await?;
-        Ok(n == 1)
+        self.remove(conn, id, "finish").await
     }
 
     async fn release(
@@ -596,6 +589,15 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// `delete` or `finish` (`mode`), one script with the rule as argument.
+    async fn remove(&self, conn: ConnId, id: &JobId, mode: &str) -> StoreResult<bool> {
+        let (owner, id) = (self.owner(conn), id.to_string());
+        let n: i64 = self
+            .call(&self.scripts.delete, args![&owner, &id, &mode])
+            .await?;
+        Ok(n == 1)
+    }
+
     /// `peek` by id (`mode` "id") or the first job of a tube's state index.
     async fn peek_by(&self, mode: &str, arg: &str) -> StoreResult<Option<JobBody>> {
         let got: Option<_> = self.call(&self.scripts.peek, args![&mode, &arg]).await?;
