@@ -11,14 +11,14 @@
 //! scripts announce tubes that got ready jobs, so a job made ready by one
 //! process reaches a worker blocked on another.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, RedisError, Script, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{info, warn};
 
@@ -44,6 +44,33 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
+/// A transition's script file, to be run inside a function whose parameter
+/// is `ARGV`: whole, as its own script, or as one of the transitions of a
+/// batch.
+macro_rules! body {
+    ($name:ident) => {
+        include_str!(concat!("lua/", stringify!($name), ".lua"))
+    };
+}
+
+/// The text of a script running one transition.
+fn single(flags: &str, body: &str) -> String {
+    format!(
+        "#!lua{flags}\n{PRELUDE}\nlocal function run(ARGV)\n{body}\nend\n\
+         local result = run(ARGV)\nflush()\nreturn result\n"
+    )
+}
+
+/// The text of a script running any number of the transitions `ops`.
+fn batch(flags: &str, ops: &[(&str, &str)]) -> String {
+    let mut text = format!("#!lua{flags}\n{PRELUDE}\nlocal OPS = {{}}\n");
+    for (name, body) in ops {
+        text.push_str(&format!("OPS['{name}'] = function(ARGV)\n{body}\nend\n"));
+    }
+    text.push_str(include_str!("lua/batch.lua"));
+    text
+}
+
 macro_rules! scripts {
     ($($name:ident: $flags:literal),+ $(,)?) => {
         /// One loaded script per transition.
@@ -51,13 +78,7 @@ macro_rules! scripts {
 
         impl Scripts {
             fn load() -> Scripts {
-                Scripts {
-                    $($name: Script::new(&format!(
-                        "#!lua{}\n{PRELUDE}\n{}",
-                        $flags,
-                        include_str!(concat!("lua/", stringify!($name), ".lua"))
-                    )),)+
-                }
+                Scripts { $($name: Script::new(&single($flags, body!($name))),)+ }
             }
         }
     };
@@ -69,14 +90,6 @@ macro_rules! scripts {
 // free memory or barely change it) still run, so workers can drain a full
 // Redis.
 scripts!(
-    put: "",
-    reserve: " flags=allow-oom",
-    reserve_job: " flags=allow-oom",
-    give_back: " flags=allow-oom",
-    delete: " flags=allow-oom",
-    release: " flags=allow-oom",
-    bury: " flags=allow-oom",
-    touch: " flags=allow-oom",
     kick: " flags=allow-oom",
     kick_job: " flags=allow-oom",
     peek: " flags=no-writes",
@@ -89,6 +102,46 @@ scripts!(
     tube_ref: " flags=allow-oom",
 );
 
+/// The batch scripts: puts, refused whole when Redis is out of memory, and
+/// the moves of existing jobs, which are not.
+struct Batches {
+    puts: Script,
+    moves: Script,
+}
+
+impl Batches {
+    fn load() -> Batches {
+        Batches {
+            puts: Script::new(&batch("", &[("put", body!(put))])),
+            moves: Script::new(&batch(
+                " flags=allow-oom",
+                &[
+                    ("reserve", body!(reserve)),
+                    ("reserve_job", body!(reserve_job)),
+                    ("give_back", body!(give_back)),
+                    ("delete", body!(delete)),
+                    ("release", body!(release)),
+                    ("bury", body!(bury)),
+                    ("touch", body!(touch)),
+                ],
+            )),
+        }
+    }
+}
+
+/// Most transitions one batch carries, so that no call holds Redis long.
+const MAX_BATCH: usize = 256;
+
+/// Most batches in Redis at once.
+const IN_FLIGHT: usize = 4;
+
+/// A transition waiting for the next batch.
+struct Op {
+    name: &'static str,
+    args: Vec<Vec<u8>>,
+    reply: oneshot::Sender<StoreResult<Value>>,
+}
+
 /// The Redis storage engine.
 pub struct RedisStore {
     conn: ConnectionManager,
@@ -97,6 +150,8 @@ pub struct RedisStore {
     /// Distinguishes this process's connections from other processes'.
     process: String,
     scripts: Scripts,
+    /// The transitions waiting for the next batch.
+    queue: mpsc::UnboundedSender<Op>,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
     /// Stops the event listener when the store is dropped.
     _listener: DropGuard,
@@ -189,11 +244,14 @@ impl RedisStore {
             "{:016x}",
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
         );
+        let (queue, ops) = mpsc::unbounded_channel();
+        tokio::spawn(run_batches(conn.clone(), tag.clone(), Batches::load(), ops));
         Ok(RedisStore {
             conn,
             tag,
             process,
             scripts: Scripts::load(),
+            queue,
             events: Mutex::new(Some(rx)),
             _listener: stop.drop_guard(),
         })
@@ -215,6 +273,102 @@ impl RedisStore {
         }
         let mut conn = self.conn.clone();
         invocation.invoke_async(&mut conn).await.map_err(fail)
+    }
+
+    /// Runs the transition `name` with `args` in the next batch.
+    async fn op<T: FromRedisValue>(
+        &self,
+        name: &'static str,
+        args: Vec<Vec<u8>>,
+    ) -> StoreResult<T> {
+        let (reply, result) = oneshot::channel();
+        let stopped = || StoreError::Unavailable("the batch sender has stopped".into());
+        self.queue
+            .send(Op { name, args, reply })
+            .map_err(|_| stopped())?;
+        parse(result.await.map_err(|_| stopped())??)
+    }
+}
+
+/// Sends the transitions queued on `queue` in batches: whatever queued since
+/// the last batch went out goes into the next, so under load many commands
+/// share one call, while a lone command waits for nothing. Up to
+/// `IN_FLIGHT` batches are in Redis at once, pipelined on the one
+/// connection, so a command never waits for an earlier batch to come back.
+async fn run_batches(
+    conn: ConnectionManager,
+    tag: String,
+    batches: Batches,
+    mut queue: mpsc::UnboundedReceiver<Op>,
+) {
+    let (tag, batches) = (Arc::<str>::from(tag), Arc::new(batches));
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut ops = Vec::with_capacity(MAX_BATCH);
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        if queue.recv_many(&mut ops, MAX_BATCH).await == 0 {
+            return;
+        }
+        let (puts, moves): (Vec<Op>, Vec<Op>) = ops.drain(..).partition(|op| op.name == "put");
+        let (conn, tag, batches) = (conn.clone(), tag.clone(), batches.clone());
+        tokio::spawn(async move {
+            tokio::join!(
+                send(&conn, &tag, &batches.puts, puts),
+                send(&conn, &tag, &batches.moves, moves),
+            );
+            drop(permit);
+        });
+    }
+}
+
+/// Runs `ops` in one call of `script` and hands each its own result.
+async fn send(conn: &ConnectionManager, tag: &str, script: &Script, ops: Vec<Op>) {
+    if ops.is_empty() {
+        return;
+    }
+    let mut invocation = script.prepare_invoke();
+    invocation.key(format!("{tag}jobs"));
+    invocation.arg(tag);
+    let mut replies = Vec::with_capacity(ops.len());
+    for op in ops {
+        invocation.arg(op.name).arg(op.args.len());
+        for arg in op.args {
+            invocation.arg(arg);
+        }
+        replies.push(op.reply);
+    }
+    let mut conn = conn.clone();
+    match invocation.invoke_async::<Vec<Value>>(&mut conn).await {
+        Ok(results) if results.len() == replies.len() => {
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(outcome(result));
+            }
+        }
+        Ok(_) => {
+            for reply in replies {
+                let _ = reply.send(Err(corrupt("batch length")));
+            }
+        }
+        Err(e) => {
+            let e = fail(e);
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// One transition's entry in a batch's reply: `{1, result}` or `{0, error}`.
+fn outcome(entry: Value) -> StoreResult<Value> {
+    let (ok, result): (i64, Value) = parse(entry)?;
+    if ok == 1 {
+        Ok(result)
+    } else {
+        Err(StoreError::Unavailable(
+            parse::<String>(result).unwrap_or_else(|e| e.to_string()),
+        ))
     }
 }
 
@@ -285,8 +439,8 @@ impl Store for RedisStore {
     async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
         let name = job.id.as_deref().unwrap_or("");
         let (inserted, id): (i64, String) = self
-            .call(
-                &self.scripts.put,
+            .op(
+                "put",
                 args![
                     &job.tube.as_str(),
                     &name,
@@ -309,20 +463,17 @@ impl Store for RedisStore {
         let owner = self.owner(conn);
         let mut args = args![&owner];
         args.extend(tubes.iter().map(|t| t.as_str().as_bytes().to_vec()));
-        reserved(self.call(&self.scripts.reserve, args).await?)
+        reserved(self.op("reserve", args).await?)
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        reserved(
-            self.call(&self.scripts.reserve_job, args![&owner, &id])
-                .await?,
-        )
+        reserved(self.op("reserve_job", args![&owner, &id]).await?)
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        self.call::<i64>(&self.scripts.give_back, args![&owner, &id])
+        self.op::<i64>("give_back", args![&owner, &id])
             .await
             .map(drop)
     }
@@ -344,25 +495,20 @@ impl Store for RedisStore {
     ) -> StoreResult<Option<Tube>> {
         let (owner, id) = (self.owner(conn), id.to_string());
         let t: Option<String> = self
-            .call(
-                &self.scripts.release,
-                args![&owner, &id, &pri, &millis(delay)],
-            )
+            .op("release", args![&owner, &id, &pri, &millis(delay)])
             .await?;
         t.as_deref().map(tube).transpose()
     }
 
     async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self
-            .call(&self.scripts.bury, args![&owner, &id, &pri])
-            .await?;
+        let n: i64 = self.op("bury", args![&owner, &id, &pri]).await?;
         Ok(n == 1)
     }
 
     async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        let ttr: Option<u64> = self.call(&self.scripts.touch, args![&owner, &id]).await?;
+        let ttr: Option<u64> = self.op("touch", args![&owner, &id]).await?;
         Ok(ttr.map(Duration::from_millis))
     }
 
@@ -592,9 +738,7 @@ impl RedisStore {
     /// `delete` or `finish` (`mode`), one script with the rule as argument.
     async fn remove(&self, conn: ConnId, id: &JobId, mode: &str) -> StoreResult<bool> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self
-            .call(&self.scripts.delete, args![&owner, &id, &mode])
-            .await?;
+        let n: i64 = self.op("delete", args![&owner, &id, &mode]).await?;
         Ok(n == 1)
     }
 

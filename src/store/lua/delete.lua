@@ -10,6 +10,6 @@ if job[STATE] == 'reserved' and job[OWNER] ~= owner then return 0 end
 unlink(key, job)
 redis.call('HDEL', P .. 'jobs', key)
 if job[NAME] ~= '' then redis.call('HDEL', P .. 'names', job[NAME]) end
-redis.call('HINCRBY', tube_key('tube', job[TUBE]), 'cmd-delete', 1)
+count(tube_key('tube', job[TUBE]), 'cmd-delete', 1)
 forget_if_unused(job[TUBE])
 return 1

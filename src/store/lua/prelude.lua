@@ -35,9 +35,37 @@ local STATE, PRI, DELAY, TTR, CREATED, AT, OWNER, TUBE, NAME = 1, 2, 3, 4, 5, 6,
 local RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS, BODY = 10, 11, 12, 13, 14, 15
 local URGENT = 1024
 
+-- One reading of the clock per call: a call runs atomically, so every
+-- transition in it (a whole batch of them) happens at the same instant.
+local clock
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if clock == nil then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return clock
+end
+
+-- Counter increments, summed over the call and written once at its end
+-- (`flush`), so a batch of transitions on one tube costs one HINCRBY per
+-- counter rather than one per job.
+local pending = {}
+local function count(key, field, by)
+  local fields = pending[key]
+  if fields == nil then
+    fields = {}
+    pending[key] = fields
+  end
+  fields[field] = (fields[field] or 0) + by
+end
+
+local function flush()
+  for key, fields in pairs(pending) do
+    for field, by in pairs(fields) do
+      if by ~= 0 then redis.call('HINCRBY', key, field, by) end
+    end
+  end
+  pending = {}
 end
 
 local function tube_key(kind, tube) return P .. kind .. ':' .. tube end
@@ -81,10 +109,14 @@ local function announce(tube)
   end
 end
 
+-- Tubes known to exist during this call.
+local known = {}
 local function ensure_tube(tube)
+  if known[tube] then return end
   if not redis.call('ZSCORE', P .. 'tubes', tube) then
     redis.call('ZADD', P .. 'tubes', redis.call('INCR', P .. 'tube-seq'), tube)
   end
+  known[tube] = true
 end
 
 -- Connections using and watching a tube, summed over the delayq processes
@@ -106,6 +138,8 @@ end
 -- A tube exists while it is used, watched or holds jobs; "default" always.
 local function forget_if_unused(tube)
   if tube == 'default' then return end
+  -- The counters read below must include this call's increments.
+  flush()
   local t = tube_key('tube', tube)
   if tonumber(redis.call('HGET', t, 'reserved') or 0) > 0 then return end
   local using, watching = tube_users(tube)
@@ -116,6 +150,7 @@ local function forget_if_unused(tube)
     return
   end
   redis.call('DEL', t)
+  known[tube] = nil
   redis.call('ZREM', P .. 'tubes', tube)
   redis.call('ZREM', P .. 'pauses', tube)
   redis.call('ZREM', P .. 'due', tube)
@@ -164,7 +199,7 @@ local function unlink(key, job)
   local tube, state = job[TUBE], job[STATE]
   if state == 'ready' then
     redis.call('ZREM', tube_key('ready', tube), key)
-    if job[PRI] < URGENT then redis.call('HINCRBY', tube_key('tube', tube), 'urgent', -1) end
+    if job[PRI] < URGENT then count(tube_key('tube', tube), 'urgent', -1) end
   elseif state == 'delayed' then
     -- P.."due" may now point earlier than the tube's first job: the timer
     -- then finds nothing due there and moves the entry on.
@@ -174,11 +209,11 @@ local function unlink(key, job)
     else
       redis.call('ZREM', tube_key('soon', tube), key)
     end
-    redis.call('HINCRBY', tube_key('tube', tube), 'delayed', -1)
+    count(tube_key('tube', tube), 'delayed', -1)
   elseif state == 'reserved' then
     redis.call('ZREM', P .. 'reserved', key)
     redis.call('SREM', P .. 'held:' .. job[OWNER], key)
-    redis.call('HINCRBY', tube_key('tube', tube), 'reserved', -1)
+    count(tube_key('tube', tube), 'reserved', -1)
   elseif state == 'buried' then
     redis.call('ZREM', tube_key('buried', tube), key)
   end
@@ -191,7 +226,7 @@ local function link(key, job, state, at)
   job[STATE], job[AT] = state, at
   if state == 'ready' then
     redis.call('ZADD', tube_key('ready', tube), job[PRI], key)
-    if job[PRI] < URGENT then redis.call('HINCRBY', tube_key('tube', tube), 'urgent', 1) end
+    if job[PRI] < URGENT then count(tube_key('tube', tube), 'urgent', 1) end
     announce(tube)
   elseif state == 'delayed' then
     local bucket, second = bucket_of(tube, at)
@@ -202,11 +237,11 @@ local function link(key, job, state, at)
       -- how long from now (no tube name contains ':').
       redis.call('PUBLISH', P .. 'events', 'due:' .. math.max(at - now_ms(), 0))
     end
-    redis.call('HINCRBY', tube_key('tube', tube), 'delayed', 1)
+    count(tube_key('tube', tube), 'delayed', 1)
   elseif state == 'reserved' then
     redis.call('ZADD', P .. 'reserved', at, key)
     redis.call('SADD', P .. 'held:' .. job[OWNER], key)
-    redis.call('HINCRBY', tube_key('tube', tube), 'reserved', 1)
+    count(tube_key('tube', tube), 'reserved', 1)
   elseif state == 'buried' then
     redis.call('ZADD', tube_key('buried', tube), at, key)
   end

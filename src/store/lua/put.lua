@@ -7,8 +7,8 @@ if name ~= '' and redis.call('HEXISTS', P .. 'names', name) == 1 then return { 0
 local now = now_ms()
 local key = string.format('%012x', redis.call('INCR', P .. 'seq'))
 ensure_tube(tube)
-redis.call('HINCRBY', tube_key('tube', tube), 'total', 1)
-redis.call('HINCRBY', P .. 'totals', 'jobs', 1)
+count(tube_key('tube', tube), 'total', 1)
+count(P .. 'totals', 'jobs', 1)
 if name ~= '' then redis.call('HSET', P .. 'names', name, key) end
 local job = { '', pri, delay, ttr, now, 0, '', tube, name, 0, 0, 0, 0, 0, ARGV[7] }
 if delay > 0 then
