@@ -154,8 +154,8 @@ impl<S: Store> Broker<S> {
     }
 
     /// Returns a departed connection's reservations and hands them on.
-    pub async fn release_all(&self, conn: ConnId) -> StoreResult<()> {
-        let tubes = self.store.release_all(conn).await?;
+    pub async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<()> {
+        let tubes = self.store.release_all(conn, held).await?;
         self.serve(&tubes).await;
         Ok(())
     }

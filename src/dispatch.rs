@@ -108,7 +108,8 @@ impl<S: Store> Session<S> {
     pub async fn close(self) {
         let store = &self.shared.broker.store;
         let conn = self.id;
-        let mut result = self.shared.broker.release_all(conn).await;
+        let held: Vec<JobId> = self.deadlines.keys().cloned().collect();
+        let mut result = self.shared.broker.release_all(conn, &held).await;
         result = result.and(store.detach(&self.used, TubeRef::Using).await);
         for tube in &self.watched {
             result = result.and(store.detach(tube, TubeRef::Watching).await);

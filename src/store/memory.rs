@@ -641,7 +641,7 @@ impl Store for MemoryStore {
         Ok(true)
     }
 
-    async fn release_all(&self, conn: ConnId) -> StoreResult<Vec<Tube>> {
+    async fn release_all(&self, conn: ConnId, _held: &[JobId]) -> StoreResult<Vec<Tube>> {
         let mut st = self.lock();
         let Some(keys) = st.owned.get(&conn).cloned() else {
             return Ok(Vec::new());

@@ -306,8 +306,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<bool>> + Send;
 
     /// Returns every job `conn` has reserved to ready (it disconnected).
-    /// Returns the tubes that got jobs back.
-    fn release_all(&self, conn: ConnId) -> impl Future<Output = StoreResult<Vec<Tube>>> + Send;
+    /// `held` lists the jobs the connection believes it holds: an engine that
+    /// does not index jobs by holder returns those it still holds (the others
+    /// timed out). Returns the tubes that got jobs back.
+    fn release_all(
+        &self,
+        conn: ConnId,
+        held: &[JobId],
+    ) -> impl Future<Output = StoreResult<Vec<Tube>>> + Send;
 
     /// Moves what has fallen due: delayed jobs to ready, reserved jobs past
     /// their TTR back to ready, paused tubes whose pause ran out.

@@ -1,15 +1,16 @@
 -- delete / finish: remove a job. `delete` takes any job not reserved by
 -- another connection; `finish` only one reserved by this one.
--- ARGV: prefix, owner, id, 'delete' | 'finish'
+-- Args: owner, id, 'delete' | 'finish'
 -- Returns 1 if deleted, 0 if not found.
-local owner, mode = ARGV[2], ARGV[4]
-local key, job = key_of(ARGV[3])
-if key == nil then return 0 end
-if mode == 'finish' and not is_held(job, owner) then return 0 end
-if job[STATE] == 'reserved' and job[OWNER] ~= owner then return 0 end
-unlink(key, job)
-redis.call('HDEL', P .. 'jobs', key)
-if job[NAME] ~= '' then redis.call('HDEL', P .. 'names', job[NAME]) end
-count(tube_key('tube', job[TUBE]), 'cmd-delete', 1)
-forget_if_unused(job[TUBE])
-return 1
+OPS.delete = function(owner, id, mode)
+  local key, job = key_of(id)
+  if key == nil then return 0 end
+  if mode == 'finish' and not is_held(job, owner) then return 0 end
+  if job[STATE] == 'reserved' and job[OWNER] ~= owner then return 0 end
+  unlink(key, job)
+  redis.call('HDEL', P .. 'jobs', key)
+  if job[NAME] ~= '' then redis.call('HDEL', P .. 'names', job[NAME]) end
+  count(tube_key('tube', job[TUBE]), 'cmd-delete', 1)
+  maybe_unused(job[TUBE])
+  return 1
+end

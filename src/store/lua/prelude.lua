@@ -1,10 +1,14 @@
--- Shared by every delayq script; each script's own file is appended to it.
+-- delayq's Redis function library is this prelude, the files of the
+-- operations (each adds a function to OPS), then `batch.lua`, the dispatcher
+-- that runs the operations a call asks for, in order, and finishes the call;
+-- delayq appends the registration of one function per kind of call.
 --
--- ARGV[1] is always the key prefix including its hash tag, such as
--- "{delayq:}". Every key begins with it, so every key a script touches lies
--- in one hash slot. KEYS[1] is always P.."jobs", declared so that a cluster
--- routes the call to that slot's node; the other keys are derived here from
--- the prefix and the job's stored tube or the caller's arguments.
+-- The first argument of every call is the key prefix including its hash
+-- tag, such as "{delayq:}". Every key begins with it, so every key a call
+-- touches lies in one hash slot. The one declared key is always P.."jobs",
+-- so that a cluster routes the call to that slot's node; the other keys are
+-- derived here from the prefix and the job's stored tube or the caller's
+-- arguments.
 --
 -- A job is a 12-hex-digit key (its server sequence number) with:
 --   P.."jobs"   hash  key -> cmsgpack array (fields below, body last)
@@ -18,8 +22,9 @@
 --            P.."soon:"..tube     zset  score due (ms), member key: the jobs
 --            of the buckets whose second has begun, which the timer opened
 --            P.."due"             zset  tube -> earliest due time (may lag)
---   reserved P.."reserved"        zset  score deadline (ms), member key
---            P.."held:"..owner    set   keys the connection `owner` holds
+--   reserved P.."reserved"        zset  score deadline (ms), member key; the
+--            holder is the job's OWNER field (each delayq process knows which
+--            jobs its own connections hold)
 --   buried   P.."buried:"..tube   zset  score burial sequence, member key
 --
 -- Each delayq process is a member of P.."processes"; P.."alive:"..process
@@ -28,15 +33,22 @@
 -- How long a process counts as alive after its last tick, in ms.
 local ALIVE_MS = 3000
 
-local P = ARGV[1]
+-- The key prefix of the current call.
+local P
+
+-- The operations this script can run, by name.
+local OPS = {}
 
 -- Job fields (indexes into the cmsgpack array).
 local STATE, PRI, DELAY, TTR, CREATED, AT, OWNER, TUBE, NAME = 1, 2, 3, 4, 5, 6, 7, 8, 9
 local RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS, BODY = 10, 11, 12, 13, 14, 15
 local URGENT = 1024
 
--- One reading of the clock per call: a call runs atomically, so every
--- transition in it (a whole batch of them) happens at the same instant.
+-- What follows is the state of one call. A call runs atomically, so every
+-- operation in it (a whole batch of them) sees one instant, and work they
+-- share is done once: counters are summed and written at the end, tubes are
+-- announced once, and the checks for tubes left unused run once at the end.
+
 local clock
 local function now_ms()
   if clock == nil then
@@ -46,9 +58,6 @@ local function now_ms()
   return clock
 end
 
--- Counter increments, summed over the call and written once at its end
--- (`flush`), so a batch of transitions on one tube costs one HINCRBY per
--- counter rather than one per job.
 local pending = {}
 local function count(key, field, by)
   local fields = pending[key]
@@ -59,13 +68,23 @@ local function count(key, field, by)
   fields[field] = (fields[field] or 0) + by
 end
 
-local function flush()
-  for key, fields in pairs(pending) do
-    for field, by in pairs(fields) do
-      if by ~= 0 then redis.call('HINCRBY', key, field, by) end
-    end
+-- Job keys for this call's puts, taken from P.."seq" in one step: `PUTS`
+-- (set by the dispatcher) is how many the call may need; those left unused
+-- (a client id that existed) are handed back at the end, which is safe
+-- because nothing else runs in between.
+local PUTS = 0
+local seq_next, seq_last
+local function next_key()
+  if seq_next == nil then
+    seq_last = redis.call('INCRBY', P .. 'seq', math.max(PUTS, 1))
+    seq_next = seq_last - math.max(PUTS, 1) + 1
+  elseif seq_next > seq_last then
+    seq_last = redis.call('INCR', P .. 'seq')
+    seq_next = seq_last
   end
-  pending = {}
+  local key = string.format('%012x', seq_next)
+  seq_next = seq_next + 1
+  return key
 end
 
 local function tube_key(kind, tube) return P .. kind .. ':' .. tube end
@@ -99,7 +118,7 @@ local function id_of(key, job)
   return string.format('%d', tonumber(key, 16))
 end
 
--- Tubes that got ready jobs during this script, each announced once on
+-- Tubes that got ready jobs during this call, each announced once on
 -- P.."events" so that every delayq process serves its waiting connections.
 local announced = {}
 local function announce(tube)
@@ -109,7 +128,6 @@ local function announce(tube)
   end
 end
 
--- Tubes known to exist during this call.
 local known = {}
 local function ensure_tube(tube)
   if known[tube] then return end
@@ -117,6 +135,26 @@ local function ensure_tube(tube)
     redis.call('ZADD', P .. 'tubes', redis.call('INCR', P .. 'tube-seq'), tube)
   end
   known[tube] = true
+end
+
+-- When each tube's pause ends (0: not paused), read once per call.
+local pause_until = {}
+local function paused(tube)
+  local at = pause_until[tube]
+  if at == nil then
+    at = tonumber(redis.call('HGET', tube_key('tube', tube), 'until') or 0)
+    pause_until[tube] = at
+  end
+  return at > now_ms()
+end
+
+-- Marks `process` alive (once per call).
+local beat = false
+local function alive(process)
+  if beat then return end
+  beat = true
+  redis.call('SET', P .. 'alive:' .. process, 1, 'PX', ALIVE_MS)
+  redis.call('SADD', P .. 'processes', process)
 end
 
 -- Connections using and watching a tube, summed over the delayq processes
@@ -135,25 +173,44 @@ local function tube_users(tube)
   return using, watching
 end
 
+-- Tubes that may have been left with no jobs and no users; `finish` checks
+-- them once the call's counters are written.
+local unused = {}
+local function maybe_unused(tube)
+  if tube ~= 'default' then unused[tube] = true end
+end
+
 -- A tube exists while it is used, watched or holds jobs; "default" always.
 local function forget_if_unused(tube)
-  if tube == 'default' then return end
-  -- The counters read below must include this call's increments.
-  flush()
   local t = tube_key('tube', tube)
-  if tonumber(redis.call('HGET', t, 'reserved') or 0) > 0 then return end
-  local using, watching = tube_users(tube)
-  if using > 0 or watching > 0 then return end
+  local c = redis.call('HMGET', t, 'reserved', 'delayed')
+  if tonumber(c[1] or 0) > 0 or tonumber(c[2] or 0) > 0 then return end
   if redis.call('ZCARD', tube_key('ready', tube)) > 0
-    or tonumber(redis.call('HGET', t, 'delayed') or 0) > 0
     or redis.call('ZCARD', tube_key('buried', tube)) > 0 then
     return
   end
+  local using, watching = tube_users(tube)
+  if using > 0 or watching > 0 then return end
   redis.call('DEL', t)
-  known[tube] = nil
   redis.call('ZREM', P .. 'tubes', tube)
   redis.call('ZREM', P .. 'pauses', tube)
   redis.call('ZREM', P .. 'due', tube)
+end
+
+-- The end of every call: write the summed counters, forget the tubes left
+-- unused, hand back unused job keys.
+local function finish()
+  for key, fields in pairs(pending) do
+    for field, by in pairs(fields) do
+      if by ~= 0 then redis.call('HINCRBY', key, field, by) end
+    end
+  end
+  pending = {}
+  for tube in pairs(unused) do forget_if_unused(tube) end
+  unused = {}
+  if seq_next ~= nil and seq_next <= seq_last then
+    redis.call('DECRBY', P .. 'seq', seq_last - seq_next + 1)
+  end
 end
 
 -- The bucket of a job due at `due` ms, and its second.
@@ -194,11 +251,12 @@ local function first_delayed(tube, limit)
   return out
 end
 
--- Takes a job out of the index of its current state.
-local function unlink(key, job)
+-- Takes a job out of the index of its current state. `popped`: the caller
+-- already removed it from its ready set.
+local function unlink(key, job, popped)
   local tube, state = job[TUBE], job[STATE]
   if state == 'ready' then
-    redis.call('ZREM', tube_key('ready', tube), key)
+    if not popped then redis.call('ZREM', tube_key('ready', tube), key) end
     if job[PRI] < URGENT then count(tube_key('tube', tube), 'urgent', -1) end
   elseif state == 'delayed' then
     -- P.."due" may now point earlier than the tube's first job: the timer
@@ -212,7 +270,6 @@ local function unlink(key, job)
     count(tube_key('tube', tube), 'delayed', -1)
   elseif state == 'reserved' then
     redis.call('ZREM', P .. 'reserved', key)
-    redis.call('SREM', P .. 'held:' .. job[OWNER], key)
     count(tube_key('tube', tube), 'reserved', -1)
   elseif state == 'buried' then
     redis.call('ZREM', tube_key('buried', tube), key)
@@ -240,7 +297,6 @@ local function link(key, job, state, at)
     count(tube_key('tube', tube), 'delayed', 1)
   elseif state == 'reserved' then
     redis.call('ZADD', P .. 'reserved', at, key)
-    redis.call('SADD', P .. 'held:' .. job[OWNER], key)
     count(tube_key('tube', tube), 'reserved', 1)
   elseif state == 'buried' then
     redis.call('ZADD', tube_key('buried', tube), at, key)
@@ -253,11 +309,11 @@ local function body_of(key, job)
   return { id_of(key, job), job[TUBE], job[BODY] }
 end
 
-local function reserve_key(key, job, owner, now)
-  unlink(key, job)
+local function reserve_key(key, job, owner, popped)
+  unlink(key, job, popped)
   job[RESERVES] = job[RESERVES] + 1
   job[OWNER] = owner
-  link(key, job, 'reserved', now + job[TTR])
+  link(key, job, 'reserved', now_ms() + job[TTR])
   local out = body_of(key, job)
   out[4] = job[TTR]
   return out
@@ -265,18 +321,10 @@ end
 
 local function is_held(job, owner) return job[STATE] == 'reserved' and job[OWNER] == owner end
 
--- Marks `process` alive, and forgets the processes whose mark expired: their
--- tube users stop counting and tubes left with no users or jobs go away.
-local function heartbeat(process)
-  redis.call('SET', P .. 'alive:' .. process, 1, 'PX', ALIVE_MS)
-  redis.call('SADD', P .. 'processes', process)
-  for _, other in ipairs(redis.call('SMEMBERS', P .. 'processes')) do
-    if redis.call('EXISTS', P .. 'alive:' .. other) == 0 then
-      local refs = P .. 'refs:' .. other
-      local fields = redis.call('HKEYS', refs)
-      redis.call('DEL', refs)
-      redis.call('SREM', P .. 'processes', other)
-      for _, field in ipairs(fields) do forget_if_unused(string.sub(field, 3)) end
-    end
-  end
+-- Starts a call: a library's locals outlive calls, so every piece of
+-- per-call state is reset here.
+local function begin(prefix)
+  P = prefix
+  clock, pending, PUTS, seq_next, seq_last = nil, {}, 0, nil, nil
+  announced, known, pause_until, beat, unused = {}, {}, {}, false, {}
 end

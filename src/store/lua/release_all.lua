@@ -1,14 +1,17 @@
--- release all: a connection closed; every job it holds goes back to ready.
--- ARGV: prefix, owner, batch
--- Returns {released, tube...}: call again while `released` equals the batch.
-local held = P .. 'held:' .. ARGV[2]
-local keys = redis.call('SRANDMEMBER', held, tonumber(ARGV[3]))
-local out = { #keys }
-for _, key in ipairs(keys) do
-  local job = load(key)
-  unlink(key, job)
-  job[OWNER] = ''
-  link(key, job, 'ready', 0)
+-- release all: a connection closed; the jobs it held go back to ready.
+-- Args: owner, id... (the jobs the connection believes it holds; those it
+-- no longer does, because their TTR ran out, are left alone)
+-- Returns the tubes that got jobs back.
+OPS.release_all = function(owner, ...)
+  local tubes = {}
+  for _, id in ipairs({ ... }) do
+    local key, job = key_of(id)
+    if key ~= nil and is_held(job, owner) then
+      unlink(key, job)
+      job[OWNER] = ''
+      link(key, job, 'ready', 0)
+      tubes[#tubes + 1] = job[TUBE]
+    end
+  end
+  return tubes
 end
-for tube in pairs(announced) do out[#out + 1] = tube end
-return out

@@ -1,6 +1,8 @@
 -- reserve-job: reserve one job by id if it is ready, delayed or buried.
--- ARGV: prefix, owner, id
+-- Args: owner, id
 -- Returns {id, tube, body, ttr} or false.
-local key, job = key_of(ARGV[3])
-if key == nil or job[STATE] == 'reserved' then return false end
-return reserve_key(key, job, ARGV[2], now_ms())
+OPS.reserve_job = function(owner, id)
+  local key, job = key_of(id)
+  if key == nil or job[STATE] == 'reserved' then return false end
+  return reserve_key(key, job, owner, false)
+end

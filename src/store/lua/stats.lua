@@ -1,14 +1,17 @@
 -- stats: job figures over all tubes.
--- ARGV: prefix
+-- Args: none
 -- Returns {urgent, ready, reserved, delayed, buried, timeouts, total jobs, tubes}.
-local urgent, ready, delayed, buried = 0, 0, 0, 0
-local tubes = redis.call('ZRANGE', P .. 'tubes', 0, -1)
-for _, tube in ipairs(tubes) do
-  urgent = urgent + tonumber(redis.call('HGET', tube_key('tube', tube), 'urgent') or 0)
-  ready = ready + redis.call('ZCARD', tube_key('ready', tube))
-  delayed = delayed + tonumber(redis.call('HGET', tube_key('tube', tube), 'delayed') or 0)
-  buried = buried + redis.call('ZCARD', tube_key('buried', tube))
+OPS.stats = function()
+  local urgent, ready, delayed, buried = 0, 0, 0, 0
+  local tubes = redis.call('ZRANGE', P .. 'tubes', 0, -1)
+  for _, tube in ipairs(tubes) do
+    local c = redis.call('HMGET', tube_key('tube', tube), 'urgent', 'delayed')
+    urgent = urgent + tonumber(c[1] or 0)
+    ready = ready + redis.call('ZCARD', tube_key('ready', tube))
+    delayed = delayed + tonumber(c[2] or 0)
+    buried = buried + redis.call('ZCARD', tube_key('buried', tube))
+  end
+  local totals = redis.call('HMGET', P .. 'totals', 'timeouts', 'jobs')
+  return { urgent, ready, redis.call('ZCARD', P .. 'reserved'), delayed, buried,
+    tonumber(totals[1] or 0), tonumber(totals[2] or 0), #tubes }
 end
-local totals = redis.call('HMGET', P .. 'totals', 'timeouts', 'jobs')
-return { urgent, ready, redis.call('ZCARD', P .. 'reserved'), delayed, buried,
-  tonumber(totals[1] or 0), tonumber(totals[2] or 0), #tubes }

@@ -1,11 +1,13 @@
 -- stats-job: a job's figures.
--- ARGV: prefix, id
+-- Args: id
 -- Returns {id, tube, state, pri, age, delay, ttr, time-left (all ms),
 --          reserves, timeouts, releases, buries, kicks} or false.
-local key, job = key_of(ARGV[2])
-if key == nil then return false end
-local now = now_ms()
-local left = 0
-if job[STATE] == 'delayed' or job[STATE] == 'reserved' then left = math.max(job[AT] - now, 0) end
-return { id_of(key, job), job[TUBE], job[STATE], job[PRI], now - job[CREATED], job[DELAY], job[TTR],
-  left, job[RESERVES], job[TIMEOUTS], job[RELEASES], job[BURIES], job[KICKS] }
+OPS.stats_job = function(id)
+  local key, job = key_of(id)
+  if key == nil then return false end
+  local now = now_ms()
+  local left = 0
+  if job[STATE] == 'delayed' or job[STATE] == 'reserved' then left = math.max(job[AT] - now, 0) end
+  return { id_of(key, job), job[TUBE], job[STATE], job[PRI], now - job[CREATED], job[DELAY], job[TTR],
+    left, job[RESERVES], job[TIMEOUTS], job[RELEASES], job[BURIES], job[KICKS] }
+end

@@ -1,16 +1,17 @@
 -- stats-tube: a tube's figures.
--- ARGV: prefix, tube
+-- Args: tube
 -- Returns {urgent, ready, reserved, delayed, buried, total, using, watching,
 --          cmd-delete, cmd-pause-tube, pause ms, pause ms left} or false.
-local tube = ARGV[2]
-if not redis.call('ZSCORE', P .. 'tubes', tube) then return false end
-local t = redis.call('HMGET', tube_key('tube', tube), 'urgent', 'reserved', 'total', 'cmd-delete',
-  'cmd-pause-tube', 'pause', 'until', 'delayed')
-local n = function(i) return tonumber(t[i] or 0) end
-local now = now_ms()
-local using, watching = tube_users(tube)
-local pause, left = 0, 0
-if n(7) > now then pause, left = n(6), n(7) - now end
-return { n(1), redis.call('ZCARD', tube_key('ready', tube)), n(2),
-  n(8), redis.call('ZCARD', tube_key('buried', tube)),
-  n(3), using, watching, n(4), n(5), pause, left }
+OPS.stats_tube = function(tube)
+  if not redis.call('ZSCORE', P .. 'tubes', tube) then return false end
+  local t = redis.call('HMGET', tube_key('tube', tube), 'urgent', 'reserved', 'total', 'cmd-delete',
+    'cmd-pause-tube', 'pause', 'until', 'delayed')
+  local n = function(i) return tonumber(t[i] or 0) end
+  local now = now_ms()
+  local using, watching = tube_users(tube)
+  local pause, left = 0, 0
+  if n(7) > now then pause, left = n(6), n(7) - now end
+  return { n(1), redis.call('ZCARD', tube_key('ready', tube)), n(2),
+    n(8), redis.call('ZCARD', tube_key('buried', tube)),
+    n(3), using, watching, n(4), n(5), pause, left }
+end

@@ -1,22 +1,35 @@
 -- tick: move what has fallen due, at most `batch` jobs per call.
 -- Delayed jobs become ready; reserved jobs past their deadline come back
--- (a timeout); paused tubes whose pause ended resume.
--- It also renews this process's alive mark (see `heartbeat`).
--- ARGV: prefix, batch, process
+-- (a timeout); paused tubes whose pause ended resume. It also renews this
+-- process's alive mark and forgets the processes whose mark expired: their
+-- tube users stop counting, and tubes left with no users or jobs go away.
+-- Args: batch, process
 -- Returns {next, tube...}: ms until the next due time (0: call again now;
 -- -1: nothing pending), then the tubes that got ready jobs.
-local function done(next_ms)
+local function heartbeat(process)
+  alive(process)
+  for _, other in ipairs(redis.call('SMEMBERS', P .. 'processes')) do
+    if redis.call('EXISTS', P .. 'alive:' .. other) == 0 then
+      local refs = P .. 'refs:' .. other
+      local fields = redis.call('HKEYS', refs)
+      redis.call('DEL', refs)
+      redis.call('SREM', P .. 'processes', other)
+      for _, field in ipairs(fields) do maybe_unused(string.sub(field, 3)) end
+    end
+  end
+end
+
+local function ticked(next_ms)
   local out = { next_ms }
   for tube in pairs(announced) do out[#out + 1] = tube end
   return out
 end
-local now, budget = now_ms(), tonumber(ARGV[2])
-heartbeat(ARGV[3])
 
-local due = redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)
-local this_second = math.floor(now / 1000)
-for _, tube in ipairs(due) do
+-- Moves the due jobs of one tube; returns the budget left, negative or zero
+-- if it ran out before the tube was done.
+local function move_due(tube, now, budget)
   local buckets, soon = tube_key('delayed', tube), tube_key('soon', tube)
+  local this_second = math.floor(now / 1000)
   -- Open the buckets whose second has begun: their jobs go into the tube's
   -- `soon` set, ordered to the millisecond, so no tick scans a whole bucket.
   for _, second in ipairs(redis.call('ZRANGEBYSCORE', buckets, '-inf', this_second, 'LIMIT', 0, budget)) do
@@ -37,7 +50,7 @@ for _, tube in ipairs(due) do
   end
   if budget <= 0 then
     redis.call('ZADD', P .. 'due', now, tube)
-    return done(0)
+    return budget
   end
   local next_due = redis.call('ZRANGE', soon, 0, 0, 'WITHSCORES')[2]
   local next_second = redis.call('ZRANGE', buckets, 0, 0)[1]
@@ -50,32 +63,44 @@ for _, tube in ipairs(due) do
   else
     redis.call('ZADD', P .. 'due', next_due, tube)
   end
+  return budget
 end
 
-local expired = redis.call('ZRANGEBYSCORE', P .. 'reserved', '-inf', now, 'LIMIT', 0, budget)
-for _, key in ipairs(expired) do
-  local job = load(key)
-  unlink(key, job)
-  job[TIMEOUTS], job[OWNER] = job[TIMEOUTS] + 1, ''
-  link(key, job, 'ready', 0)
-end
-if #expired > 0 then redis.call('HINCRBY', P .. 'totals', 'timeouts', #expired) end
-budget = budget - #expired
-if budget <= 0 then return done(0) end
+OPS.tick = function(batch, process)
+  local now, budget = now_ms(), tonumber(batch)
+  heartbeat(process)
 
-for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'pauses', '-inf', now)) do
-  redis.call('ZREM', P .. 'pauses', tube)
-  redis.call('HDEL', tube_key('tube', tube), 'pause', 'until')
-  announce(tube)
-end
-
-local next_at = -1
-for _, index in ipairs({ 'due', 'reserved', 'pauses' }) do
-  local first = redis.call('ZRANGE', P .. index, 0, 0, 'WITHSCORES')
-  if first[2] then
-    local at = tonumber(first[2])
-    if next_at < 0 or at < next_at then next_at = at end
+  for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)) do
+    budget = move_due(tube, now, budget)
+    if budget <= 0 then return ticked(0) end
   end
+
+  local expired = redis.call('ZRANGEBYSCORE', P .. 'reserved', '-inf', now, 'LIMIT', 0, budget)
+  for _, key in ipairs(expired) do
+    local job = load(key)
+    unlink(key, job)
+    job[TIMEOUTS], job[OWNER] = job[TIMEOUTS] + 1, ''
+    link(key, job, 'ready', 0)
+  end
+  if #expired > 0 then count(P .. 'totals', 'timeouts', #expired) end
+  budget = budget - #expired
+  if budget <= 0 then return ticked(0) end
+
+  for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'pauses', '-inf', now)) do
+    redis.call('ZREM', P .. 'pauses', tube)
+    redis.call('HDEL', tube_key('tube', tube), 'pause', 'until')
+    pause_until[tube] = 0
+    announce(tube)
+  end
+
+  local next_at = -1
+  for _, index in ipairs({ 'due', 'reserved', 'pauses' }) do
+    local first = redis.call('ZRANGE', P .. index, 0, 0, 'WITHSCORES')
+    if first[2] then
+      local at = tonumber(first[2])
+      if next_at < 0 or at < next_at then next_at = at end
+    end
+  end
+  if next_at < 0 then return ticked(-1) end
+  return ticked(math.max(next_at - now, 0))
 end
-if next_at < 0 then return done(-1) end
-return done(math.max(next_at - now, 0))

@@ -11,16 +11,24 @@
 //! scripts announce tubes that got ready jobs, so a job made ready by one
 //! process reaches a worker blocked on another.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, RedisError, Script, Value};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use redis::{FromRedisValue, RedisError, Value};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{info, warn};
+
+mod batch;
+mod library;
+
+pub use library::bench_call;
+
+use batch::Op;
+use library::{Kind, Library};
 
 use super::{
     ConnId, Counts, JobState, JobStats, NewJob, PutOutcome, Reserved, Store, StoreEvent,
@@ -41,116 +49,11 @@ const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// (which expires after 3 s), and catches a due time another process created
 /// but could not announce.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
-
-const PRELUDE: &str = include_str!("lua/prelude.lua");
-
-/// A transition's script file, to be run inside a function whose parameter
-/// is `ARGV`: whole, as its own script, or as one of the transitions of a
-/// batch.
-macro_rules! body {
-    ($name:ident) => {
-        include_str!(concat!("lua/", stringify!($name), ".lua"))
-    };
-}
-
-/// The text of a script running one transition.
-fn single(flags: &str, body: &str) -> String {
-    format!(
-        "#!lua{flags}\n{PRELUDE}\nlocal function run(ARGV)\n{body}\nend\n\
-         local result = run(ARGV)\nflush()\nreturn result\n"
-    )
-}
-
-/// The text of a script running any number of the transitions `ops`.
-fn batch(flags: &str, ops: &[(&str, &str)]) -> String {
-    let mut text = format!("#!lua{flags}\n{PRELUDE}\nlocal OPS = {{}}\n");
-    for (name, body) in ops {
-        text.push_str(&format!("OPS['{name}'] = function(ARGV)\n{body}\nend\n"));
-    }
-    text.push_str(include_str!("lua/batch.lua"));
-    text
-}
-
-macro_rules! scripts {
-    ($($name:ident: $flags:literal),+ $(,)?) => {
-        /// One loaded script per transition.
-        struct Scripts { $($name: Script,)+ }
-
-        impl Scripts {
-            fn load() -> Scripts {
-                Scripts { $($name: Script::new(&single($flags, body!($name))),)+ }
-            }
-        }
-    };
-}
-
-// The flags decide what Redis does when it is over `maxmemory`. A script
-// without flags is refused whole, up front, so a put never leaves a job half
-// written. Reads (`no-writes`) and moves of existing jobs (`allow-oom`: they
-// free memory or barely change it) still run, so workers can drain a full
-// Redis.
-scripts!(
-    kick: " flags=allow-oom",
-    kick_job: " flags=allow-oom",
-    peek: " flags=no-writes",
-    stats_job: " flags=no-writes",
-    stats_tube: " flags=no-writes",
-    stats: " flags=no-writes",
-    pause_tube: " flags=allow-oom",
-    release_all: " flags=allow-oom",
-    tick: " flags=allow-oom",
-    tube_ref: " flags=allow-oom",
-);
-
-/// The batch scripts: puts, refused whole when Redis is out of memory, and
-/// the moves of existing jobs, which are not.
-struct Batches {
-    puts: Script,
-    moves: Script,
-}
-
-impl Batches {
-    fn load() -> Batches {
-        Batches {
-            puts: Script::new(&batch("", &[("put", body!(put))])),
-            moves: Script::new(&batch(
-                " flags=allow-oom",
-                &[
-                    ("reserve", body!(reserve)),
-                    ("reserve_job", body!(reserve_job)),
-                    ("give_back", body!(give_back)),
-                    ("delete", body!(delete)),
-                    ("release", body!(release)),
-                    ("bury", body!(bury)),
-                    ("touch", body!(touch)),
-                ],
-            )),
-        }
-    }
-}
-
-/// Most transitions one batch carries, so that no call holds Redis long.
-const MAX_BATCH: usize = 256;
-
-/// Most batches in Redis at once.
-const IN_FLIGHT: usize = 4;
-
-/// A transition waiting for the next batch.
-struct Op {
-    name: &'static str,
-    args: Vec<Vec<u8>>,
-    reply: oneshot::Sender<StoreResult<Value>>,
-}
-
 /// The Redis storage engine.
 pub struct RedisStore {
-    conn: ConnectionManager,
-    /// The key prefix in braces, so every key shares one hash tag.
-    tag: String,
     /// Distinguishes this process's connections from other processes'.
     process: String,
-    scripts: Scripts,
-    /// The transitions waiting for the next batch.
+    /// The operations waiting for the next call.
     queue: mpsc::UnboundedSender<Op>,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
     /// Stops the event listener when the store is dropped.
@@ -244,131 +147,62 @@ impl RedisStore {
             "{:016x}",
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
         );
+        let library = Library::new();
+        batch::load(&mut conn, &library).await.map_err(fail)?;
         let (queue, ops) = mpsc::unbounded_channel();
-        tokio::spawn(run_batches(conn.clone(), tag.clone(), Batches::load(), ops));
-        Ok(RedisStore {
-            conn,
-            tag,
+        tokio::spawn(batch::run(conn, tag, library, ops));
+        let store = RedisStore {
             process,
-            scripts: Scripts::load(),
             queue,
             events: Mutex::new(Some(rx)),
             _listener: stop.drop_guard(),
-        })
+        };
+        // Counted among the live processes before any connection attaches
+        // to a tube.
+        store.tick().await?;
+        Ok(store)
     }
 
     fn owner(&self, conn: ConnId) -> String {
         format!("{}:{conn}", self.process)
     }
 
-    /// Runs `script` with the key prefix and then `args` as ARGV.
-    async fn call<T: FromRedisValue>(&self, script: &Script, args: Vec<Vec<u8>>) -> StoreResult<T> {
-        let mut invocation = script.prepare_invoke();
-        // One declared key, so a cluster-aware client routes the call to the
-        // node of the prefix's hash slot, where every key it touches lives.
-        invocation.key(format!("{}jobs", self.tag));
-        invocation.arg(&self.tag);
-        for arg in args {
-            invocation.arg(arg);
-        }
-        let mut conn = self.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(fail)
-    }
-
-    /// Runs the transition `name` with `args` in the next batch.
+    /// Runs the operation `name` with `args` in the next call of its `kind`.
     async fn op<T: FromRedisValue>(
         &self,
+        kind: Kind,
         name: &'static str,
         args: Vec<Vec<u8>>,
     ) -> StoreResult<T> {
         let (reply, result) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the batch sender has stopped".into());
         self.queue
-            .send(Op { name, args, reply })
+            .send(Op {
+                kind,
+                name,
+                args,
+                reply,
+            })
             .map_err(|_| stopped())?;
         parse(result.await.map_err(|_| stopped())??)
     }
-}
 
-/// Sends the transitions queued on `queue` in batches: whatever queued since
-/// the last batch went out goes into the next, so under load many commands
-/// share one call, while a lone command waits for nothing. Up to
-/// `IN_FLIGHT` batches are in Redis at once, pipelined on the one
-/// connection, so a command never waits for an earlier batch to come back.
-async fn run_batches(
-    conn: ConnectionManager,
-    tag: String,
-    batches: Batches,
-    mut queue: mpsc::UnboundedReceiver<Op>,
-) {
-    let (tag, batches) = (Arc::<str>::from(tag), Arc::new(batches));
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut ops = Vec::with_capacity(MAX_BATCH);
-    loop {
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            return;
-        };
-        if queue.recv_many(&mut ops, MAX_BATCH).await == 0 {
-            return;
-        }
-        let (puts, moves): (Vec<Op>, Vec<Op>) = ops.drain(..).partition(|op| op.name == "put");
-        let (conn, tag, batches) = (conn.clone(), tag.clone(), batches.clone());
-        tokio::spawn(async move {
-            tokio::join!(
-                send(&conn, &tag, &batches.puts, puts),
-                send(&conn, &tag, &batches.moves, moves),
-            );
-            drop(permit);
-        });
+    /// A move of existing jobs (or any write that is not a put).
+    async fn write<T: FromRedisValue>(
+        &self,
+        name: &'static str,
+        args: Vec<Vec<u8>>,
+    ) -> StoreResult<T> {
+        self.op(Kind::Moves, name, args).await
     }
-}
 
-/// Runs `ops` in one call of `script` and hands each its own result.
-async fn send(conn: &ConnectionManager, tag: &str, script: &Script, ops: Vec<Op>) {
-    if ops.is_empty() {
-        return;
-    }
-    let mut invocation = script.prepare_invoke();
-    invocation.key(format!("{tag}jobs"));
-    invocation.arg(tag);
-    let mut replies = Vec::with_capacity(ops.len());
-    for op in ops {
-        invocation.arg(op.name).arg(op.args.len());
-        for arg in op.args {
-            invocation.arg(arg);
-        }
-        replies.push(op.reply);
-    }
-    let mut conn = conn.clone();
-    match invocation.invoke_async::<Vec<Value>>(&mut conn).await {
-        Ok(results) if results.len() == replies.len() => {
-            for (reply, result) in replies.into_iter().zip(results) {
-                let _ = reply.send(outcome(result));
-            }
-        }
-        Ok(_) => {
-            for reply in replies {
-                let _ = reply.send(Err(corrupt("batch length")));
-            }
-        }
-        Err(e) => {
-            let e = fail(e);
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
-        }
-    }
-}
-
-/// One transition's entry in a batch's reply: `{1, result}` or `{0, error}`.
-fn outcome(entry: Value) -> StoreResult<Value> {
-    let (ok, result): (i64, Value) = parse(entry)?;
-    if ok == 1 {
-        Ok(result)
-    } else {
-        Err(StoreError::Unavailable(
-            parse::<String>(result).unwrap_or_else(|e| e.to_string()),
-        ))
+    /// A read.
+    async fn read<T: FromRedisValue>(
+        &self,
+        name: &'static str,
+        args: Vec<Vec<u8>>,
+    ) -> StoreResult<T> {
+        self.op(Kind::Reads, name, args).await
     }
 }
 
@@ -440,6 +274,7 @@ impl Store for RedisStore {
         let name = job.id.as_deref().unwrap_or("");
         let (inserted, id): (i64, String) = self
             .op(
+                Kind::Puts,
                 "put",
                 args![
                     &job.tube.as_str(),
@@ -463,17 +298,17 @@ impl Store for RedisStore {
         let owner = self.owner(conn);
         let mut args = args![&owner];
         args.extend(tubes.iter().map(|t| t.as_str().as_bytes().to_vec()));
-        reserved(self.op("reserve", args).await?)
+        reserved(self.write("reserve", args).await?)
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        reserved(self.op("reserve_job", args![&owner, &id]).await?)
+        reserved(self.write("reserve_job", args![&owner, &id]).await?)
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        self.op::<i64>("give_back", args![&owner, &id])
+        self.write::<i64>("give_back", args![&owner, &id])
             .await
             .map(drop)
     }
@@ -495,20 +330,20 @@ impl Store for RedisStore {
     ) -> StoreResult<Option<Tube>> {
         let (owner, id) = (self.owner(conn), id.to_string());
         let t: Option<String> = self
-            .op("release", args![&owner, &id, &pri, &millis(delay)])
+            .write("release", args![&owner, &id, &pri, &millis(delay)])
             .await?;
         t.as_deref().map(tube).transpose()
     }
 
     async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self.op("bury", args![&owner, &id, &pri]).await?;
+        let n: i64 = self.write("bury", args![&owner, &id, &pri]).await?;
         Ok(n == 1)
     }
 
     async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        let ttr: Option<u64> = self.op("touch", args![&owner, &id]).await?;
+        let ttr: Option<u64> = self.write("touch", args![&owner, &id]).await?;
         Ok(ttr.map(Duration::from_millis))
     }
 
@@ -517,7 +352,7 @@ impl Store for RedisStore {
         while kicked < bound {
             let batch = (bound - kicked).min(BATCH);
             let (n, k): (u64, String) = self
-                .call(&self.scripts.kick, args![&t.as_str(), &batch, &kind])
+                .write("kick", args![&t.as_str(), &batch, &kind])
                 .await?;
             kicked += n;
             kind = k;
@@ -530,7 +365,7 @@ impl Store for RedisStore {
 
     async fn kick_job(&self, id: &JobId) -> StoreResult<Option<Tube>> {
         let id = id.to_string();
-        let t: Option<String> = self.call(&self.scripts.kick_job, args![&id]).await?;
+        let t: Option<String> = self.write("kick_job", args![&id]).await?;
         t.as_deref().map(tube).transpose()
     }
 
@@ -552,7 +387,7 @@ impl Store for RedisStore {
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
         let id = id.to_string();
-        let got: Option<Vec<Value>> = self.call(&self.scripts.stats_job, args![&id]).await?;
+        let got: Option<Vec<Value>> = self.read("stats_job", args![&id]).await?;
         let Some(v) = got else {
             return Ok(None);
         };
@@ -597,9 +432,7 @@ impl Store for RedisStore {
     }
 
     async fn stats_tube(&self, t: &Tube) -> StoreResult<Option<TubeStats>> {
-        let got: Option<Vec<u64>> = self
-            .call(&self.scripts.stats_tube, args![&t.as_str()])
-            .await?;
+        let got: Option<Vec<u64>> = self.read("stats_tube", args![&t.as_str()]).await?;
         let Some(v) = got else {
             return Ok(None);
         };
@@ -637,7 +470,7 @@ impl Store for RedisStore {
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {
-        let v: Vec<u64> = self.call(&self.scripts.stats, args![]).await?;
+        let v: Vec<u64> = self.read("stats", args![]).await?;
         let [
             urgent,
             ready,
@@ -663,49 +496,36 @@ impl Store for RedisStore {
     }
 
     async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
-        let mut conn = self.conn.clone();
-        let names: Vec<String> = redis::cmd("ZRANGE")
-            .arg(format!("{}tubes", self.tag))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .map_err(fail)?;
+        let names: Vec<String> = self.read("list_tubes", args![]).await?;
         names.iter().map(|n| tube(n)).collect()
     }
 
     async fn pause_tube(&self, t: &Tube, delay: Duration) -> StoreResult<bool> {
         let n: i64 = self
-            .call(&self.scripts.pause_tube, args![&t.as_str(), &millis(delay)])
+            .write("pause_tube", args![&t.as_str(), &millis(delay)])
             .await?;
         Ok(n == 1)
     }
 
-    async fn release_all(&self, conn: ConnId) -> StoreResult<Vec<Tube>> {
+    async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
         let owner = self.owner(conn);
         let mut tubes = Vec::new();
-        loop {
-            let v: Vec<Value> = self
-                .call(&self.scripts.release_all, args![&owner, &BATCH])
-                .await?;
-            let mut v = v.into_iter();
-            let n: u64 = parse(v.next().ok_or_else(|| corrupt("release-all"))?)?;
-            for t in v {
-                let t = tube(&parse::<String>(t)?)?;
+        for chunk in held.chunks(BATCH as usize) {
+            let mut args = args![&owner];
+            args.extend(chunk.iter().map(|id| id.to_string().into_bytes()));
+            let got: Vec<String> = self.write("release_all", args).await?;
+            for t in got {
+                let t = tube(&t)?;
                 if !tubes.contains(&t) {
                     tubes.push(t);
                 }
             }
-            if n < BATCH {
-                return Ok(tubes);
-            }
         }
+        Ok(tubes)
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
-        let v: Vec<Value> = self
-            .call(&self.scripts.tick, args![&BATCH, &self.process])
-            .await?;
+        let v: Vec<Value> = self.write("tick", args![&BATCH, &self.process]).await?;
         let mut v = v.into_iter();
         let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
         let ready = v
@@ -738,13 +558,13 @@ impl RedisStore {
     /// `delete` or `finish` (`mode`), one script with the rule as argument.
     async fn remove(&self, conn: ConnId, id: &JobId, mode: &str) -> StoreResult<bool> {
         let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self.op("delete", args![&owner, &id, &mode]).await?;
+        let n: i64 = self.write("delete", args![&owner, &id, &mode]).await?;
         Ok(n == 1)
     }
 
     /// `peek` by id (`mode` "id") or the first job of a tube's state index.
     async fn peek_by(&self, mode: &str, arg: &str) -> StoreResult<Option<JobBody>> {
-        let got: Option<_> = self.call(&self.scripts.peek, args![&mode, &arg]).await?;
+        let got: Option<_> = self.read("peek", args![&mode, &arg]).await?;
         got.map(job_body).transpose()
     }
 
@@ -753,8 +573,8 @@ impl RedisStore {
             TubeRef::Using => "u",
             TubeRef::Watching => "w",
         };
-        self.call::<i64>(
-            &self.scripts.tube_ref,
+        self.write::<i64>(
+            "tube_ref",
             args![&self.process, &t.as_str(), &field, &delta],
         )
         .await
