@@ -258,3 +258,35 @@ async fn out_of_memory_put_answers_out_of_memory() {
         format!("INSERTED {next}")
     );
 }
+
+/// A Redis that lost delayq's function library (`FUNCTION FLUSH`, or a
+/// restart without persistence) gets it loaded again by the next call, which
+/// then runs: no command fails for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_function_library_is_loaded_again() {
+    let redis = RedisServer::start(&[]);
+    let server = InProcess::start(&redis.url).await;
+    let mut c = server.client().await;
+    let first = c.put_ok(0, 0, 60, b"before").await;
+    let client = ::redis::Client::open(redis.url.as_str()).expect("redis URL");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the test's redis-server");
+    let flushed: String = ::redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .expect("FUNCTION FLUSH");
+    assert_eq!(flushed, "OK");
+    let second = c.put_ok(0, 0, 60, b"after").await;
+    assert_eq!(second, first + 1);
+    assert_eq!(c.reserved("reserve-with-timeout 0").await.body, b"before");
+    assert_eq!(c.reserved("reserve-with-timeout 0").await.body, b"after");
+    let libraries: Vec<::redis::Value> = ::redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut admin)
+        .await
+        .expect("FUNCTION LIST");
+    assert_eq!(libraries.len(), 1, "one library loaded again");
+}
