@@ -7,10 +7,11 @@
 //! a due time (a delay, a TTR, a pause) tells the timer, which sleeps until
 //! the earliest one; nothing polls.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,10 +20,46 @@ use tracing::{error, warn};
 use crate::error::StoreResult;
 use crate::names::{JobId, Tube};
 use crate::store::{ConnId, NewJob, PutOutcome, Reserved, Store, StoreEvent};
-use crate::waiters::{WaiterId, Waiters};
+use crate::waiters::{Head, WaiterId, Waiters};
 
 /// How long the timer waits before retrying a tick that failed.
 const TICK_RETRY: Duration = Duration::from_secs(1);
+
+/// Waiting connections the first round of a hand-out pass reserves for.
+const FIRST_ROUND: usize = 8;
+/// The most waiting connections one round reserves for.
+const MAX_ROUND: usize = 1024;
+
+/// Which tubes are due a hand-out pass, and which `serve` calls are done.
+#[derive(Default)]
+struct Passes {
+    /// Tubes marked since the last pass began.
+    marked: Vec<Tube>,
+    /// `serve` calls so far: each takes the next number as its ticket.
+    requested: u64,
+    /// Every ticket up to this one was served by a pass that has finished.
+    covered: u64,
+}
+
+/// The tubes of a pass that has not finished: marked again if it is dropped.
+struct Unfinished<'a> {
+    passes: &'a Mutex<Passes>,
+    tubes: Vec<Tube>,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.tubes.is_empty() {
+            return;
+        }
+        let mut passes = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
+        for tube in self.tubes.drain(..) {
+            if !passes.marked.contains(&tube) {
+                passes.marked.push(tube);
+            }
+        }
+    }
+}
 
 /// The store, the waiting connections and the timer's alarm clock.
 pub struct Broker<S> {
@@ -30,8 +67,10 @@ pub struct Broker<S> {
     pub store: S,
     /// Connections blocked in `reserve`.
     pub waiters: Waiters,
-    /// Held while handing out jobs, so two hand-offs never race for one waiter.
+    /// Held while a hand-out pass runs, so two passes never race for one
+    /// waiter.
     serving: tokio::sync::Mutex<()>,
+    passes: Mutex<Passes>,
     alarm: Alarm,
 }
 
@@ -65,6 +104,7 @@ impl<S: Store> Broker<S> {
             store,
             waiters: Waiters::default(),
             serving: tokio::sync::Mutex::new(()),
+            passes: Mutex::new(Passes::default()),
             alarm: Alarm {
                 epoch: Instant::now(),
                 next: AtomicU64::new(u64::MAX),
@@ -182,34 +222,103 @@ impl<S: Store> Broker<S> {
 
     /// Hands ready jobs of `tubes` to the connections waiting on them, longest
     /// waiting first. A job whose waiter has gone is given back, never lost.
+    ///
+    /// Returns once a hand-out pass that began after this call has finished,
+    /// so the caller's jobs are handed out by then. Concurrent calls share
+    /// passes: while one runs, the others mark their tubes and wait, and the
+    /// next pass serves all they marked at once, so a burst of puts costs a
+    /// few passes, not one each.
     pub async fn serve(&self, tubes: &[Tube]) {
-        for tube in tubes {
-            if !self.waiters.any(tube) {
-                continue;
-            }
-            let _serving = self.serving.lock().await;
-            while let Some(head) = self.waiters.head(tube) {
-                let got = match self.store.reserve(head.conn, &head.tubes).await {
-                    Ok(Some(got)) => got,
-                    Ok(None) => break,
-                    Err(e) => {
-                        warn!(%tube, error = %e, "cannot hand out jobs");
-                        break;
+        let ticket = {
+            let mut passes = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut wanted = false;
+            for tube in tubes {
+                if self.waiters.any(tube) {
+                    wanted = true;
+                    if !passes.marked.contains(tube) {
+                        passes.marked.push(tube.clone());
                     }
-                };
-                self.alarm.schedule(got.ttr);
-                let id = got.job.id.clone();
-                let handed = match self.waiters.take(head.id) {
-                    Some(tx) => tx.send(got).is_ok(),
-                    None => false,
-                };
-                if !handed && let Err(e) = self.store.give_back(head.conn, &id).await {
-                    // The job stays reserved by a closed connection; its TTR
-                    // brings it back.
-                    error!(job = %id, error = %e, "cannot give back a job");
+                }
+            }
+            if !wanted {
+                return;
+            }
+            passes.requested += 1;
+            passes.requested
+        };
+        let _serving = self.serving.lock().await;
+        let (tubes, upto) = {
+            let mut passes = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
+            if passes.covered >= ticket {
+                return;
+            }
+            (std::mem::take(&mut passes.marked), passes.requested)
+        };
+        // Were this pass dropped half way, its tubes are marked again for
+        // the next.
+        let mut unfinished = Unfinished {
+            passes: &self.passes,
+            tubes,
+        };
+        self.pass(&unfinished.tubes).await;
+        unfinished.tubes.clear();
+        self.passes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .covered = upto;
+    }
+
+    /// One hand-out pass over `tubes`. Each round reserves for several
+    /// waiting connections at once (on Redis, one call), twice as many as
+    /// the round before while every one of them got a job.
+    async fn pass(&self, tubes: &[Tube]) {
+        for tube in tubes {
+            let mut round = FIRST_ROUND;
+            loop {
+                let heads = self.waiters.heads(tube, round);
+                if heads.is_empty() {
+                    break;
+                }
+                let full = heads.len() == round;
+                let got =
+                    join_all(heads.iter().map(|h| self.store.reserve(h.conn, &h.tubes))).await;
+                let (mut all, mut gave_back) = (full, false);
+                for (head, got) in heads.into_iter().zip(got) {
+                    match got {
+                        Ok(Some(got)) => gave_back |= !self.hand(head, got).await,
+                        Ok(None) => all = false,
+                        Err(e) => {
+                            warn!(%tube, error = %e, "cannot hand out jobs");
+                            all = false;
+                        }
+                    }
+                }
+                // A job given back is ready again for the others waiting.
+                if !all && !gave_back {
+                    break;
+                }
+                if all {
+                    round = (round * 2).min(MAX_ROUND);
                 }
             }
         }
+    }
+
+    /// Hands `got` to the waiter `head`; if it has gone, gives the job back.
+    /// Returns whether the waiter got it.
+    async fn hand(&self, head: Head, got: Reserved) -> bool {
+        self.alarm.schedule(got.ttr);
+        let id = got.job.id.clone();
+        let handed = match self.waiters.take(head.id) {
+            Some(tx) => tx.send(got).is_ok(),
+            None => false,
+        };
+        if !handed && let Err(e) = self.store.give_back(head.conn, &id).await {
+            // The job stays reserved by a closed connection; its TTR
+            // brings it back.
+            error!(job = %id, error = %e, "cannot give back a job");
+        }
+        handed
     }
 
     /// Moves what has fallen due and hands it out. Returns the time until

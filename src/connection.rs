@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::codec::{Codec, Limits, Request};
+use crate::command::Command;
 use crate::dispatch::{Outcome, Session, Shared};
 use crate::names::Tube;
 use crate::reply::{Reply, Response};
@@ -39,37 +40,123 @@ pub async fn serve<S: Store>(
     };
     let mut wire = Framed::new(socket, Codec::new(limits));
     let mut session = Session::open(shared, conn).await;
+    // A request read ahead while gathering pipelined puts.
+    let mut ahead = None;
     loop {
-        let Some(request) = next_request(&mut wire, &shutdown).await else {
-            break;
+        let request = match ahead.take() {
+            Some(request) => request,
+            None => match next_request(&mut wire, &shutdown).await {
+                Some(request) => request,
+                None => break,
+            },
         };
-        let mode = request.mode;
-        let outcome = match request.command {
-            Ok(cmd) => session.handle(cmd).await,
-            Err(e) => Outcome::Reply(e.into()),
-        };
-        let reply = match outcome {
-            Outcome::Reply(reply) => reply,
-            Outcome::Quit => break,
-            Outcome::Wait { tubes, timeout } => {
-                if wire.flush().await.is_err() {
-                    break;
-                }
-                let waited = wait(&mut wire, &mut session, tubes, timeout, &shutdown);
-                match waited.await {
-                    Some(reply) => reply,
-                    None => break,
-                }
+        let next = if is_put(&request) {
+            let (puts, next) = more_puts(&mut wire, request);
+            if !answer_puts(&mut wire, &mut session, puts).await {
+                break;
             }
+            next
+        } else {
+            if !answer(&mut wire, &mut session, request, &shutdown).await {
+                break;
+            }
+            Ahead::Nothing
         };
-        if wire.feed(Response { mode, reply }).await.is_err() {
-            break;
+        match next {
+            Ahead::Nothing => {}
+            Ahead::Request(request) => ahead = Some(request),
+            Ahead::End => break,
         }
     }
     // Whatever was answered before a quit or hang-up still goes out.
     let _ = wire.flush().await;
     session.close().await;
     debug!(conn, ?peer, "connection closed");
+}
+
+/// Answers one request; returns `false` when the connection must end.
+async fn answer<S: Store>(
+    wire: &mut Wire,
+    session: &mut Session<S>,
+    request: Request,
+    shutdown: &CancellationToken,
+) -> bool {
+    let outcome = match request.command {
+        Ok(cmd) => session.handle(cmd).await,
+        Err(e) => Outcome::Reply(e.into()),
+    };
+    let reply = match outcome {
+        Outcome::Reply(reply) => reply,
+        Outcome::Quit => return false,
+        Outcome::Wait { tubes, timeout } => {
+            if wire.flush().await.is_err() {
+                return false;
+            }
+            match wait(wire, session, tubes, timeout, shutdown).await {
+                Some(reply) => reply,
+                None => return false,
+            }
+        }
+    };
+    wire.feed(Response {
+        mode: request.mode,
+        reply,
+    })
+    .await
+    .is_ok()
+}
+
+/// Most pipelined puts taken together.
+const MAX_PUTS: usize = 256;
+
+/// What follows a run of puts in the read buffer.
+enum Ahead {
+    /// Nothing decoded yet.
+    Nothing,
+    /// A request that is not a put.
+    Request(Request),
+    /// The client hung up (or the read failed) after the puts.
+    End,
+}
+
+fn is_put(request: &Request) -> bool {
+    matches!(request.command, Ok(Command::Put { .. }))
+}
+
+/// `first` and the puts that follow it already in the read buffer (a
+/// client pipelining its puts), up to [`MAX_PUTS`], and what comes after.
+fn more_puts(wire: &mut Wire, first: Request) -> (Vec<Request>, Ahead) {
+    let mut puts = vec![first];
+    while puts.len() < MAX_PUTS {
+        match wire.next().now_or_never() {
+            None => break,
+            Some(Some(Ok(next))) if is_put(&next) => puts.push(next),
+            Some(Some(Ok(next))) => return (puts, Ahead::Request(next)),
+            Some(Some(Err(_)) | None) => return (puts, Ahead::End),
+        }
+    }
+    (puts, Ahead::Nothing)
+}
+
+/// Answers a run of puts, in order; returns `false` when the connection
+/// must end.
+async fn answer_puts<S: Store>(
+    wire: &mut Wire,
+    session: &mut Session<S>,
+    puts: Vec<Request>,
+) -> bool {
+    let modes: Vec<_> = puts.iter().map(|put| put.mode).collect();
+    let commands = puts
+        .into_iter()
+        .filter_map(|put| put.command.ok())
+        .collect();
+    let replies = session.handle_puts(commands).await;
+    for (mode, reply) in modes.into_iter().zip(replies) {
+        if wire.feed(Response { mode, reply }).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// The next request: from the read buffer if one is there, else after

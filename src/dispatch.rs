@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
@@ -152,12 +153,59 @@ impl<S: Store> Session<S> {
     pub async fn handle(&mut self, cmd: Command) -> Outcome {
         match self.run(cmd).await {
             Ok(outcome) => outcome,
-            Err(StoreError::OutOfMemory) => Outcome::Reply(Reply::OutOfMemory),
-            Err(e) => {
-                error!(conn = self.id, error = %e, "command failed");
-                Outcome::Reply(Reply::InternalError)
-            }
+            Err(e) => Outcome::Reply(failed(self.id, e)),
         }
+    }
+
+    /// Carries out `put` commands that arrived together (pipelined): their
+    /// jobs go to the broker at once, in order, so on a shared engine they
+    /// share calls, and the replies come back in the same order.
+    pub async fn handle_puts(&mut self, puts: Vec<Command>) -> Vec<Reply> {
+        let jobs: Vec<_> = puts.into_iter().map(|put| self.new_job(put)).collect();
+        let (shared, conn) = (self.shared.clone(), self.id);
+        join_all(jobs.into_iter().map(|job| async {
+            match job {
+                Ok(job) => match shared.broker.put(job).await {
+                    Ok(outcome) => put_reply(outcome),
+                    Err(e) => failed(conn, e),
+                },
+                Err(reply) => reply,
+            }
+        }))
+        .await
+    }
+
+    /// Counts a `put` and makes its job, or says why it is refused.
+    fn new_job(&mut self, put: Command) -> Result<NewJob, Reply> {
+        let Command::Put {
+            pri,
+            delay,
+            ttr,
+            id,
+            tube,
+            body,
+        } = put
+        else {
+            unreachable!("new_job is only given puts")
+        };
+        self.count(Cmd::Put);
+        let stats = &self.shared.stats;
+        if !self.producer {
+            self.producer = true;
+            stats.producers.fetch_add(1, Ordering::Relaxed);
+        }
+        if stats.is_draining() {
+            return Err(Reply::Draining);
+        }
+        Ok(NewJob {
+            tube: tube.unwrap_or_else(|| self.used.clone()),
+            id,
+            pri,
+            delay: secs(delay),
+            // beanstalkd raises a TTR of zero to one second.
+            ttr: secs(ttr.max(1)),
+            body,
+        })
     }
 
     async fn run(&mut self, cmd: Command) -> StoreResult<Outcome> {
@@ -167,36 +215,10 @@ impl<S: Store> Session<S> {
         let store = &broker.store;
         let found = |yes: bool, reply: Reply| if yes { reply } else { Reply::NotFound };
         let reply = match cmd {
-            Command::Put {
-                pri,
-                delay,
-                ttr,
-                id,
-                tube,
-                body,
-            } => {
-                self.count(Cmd::Put);
-                if !self.producer {
-                    self.producer = true;
-                    shared.stats.producers.fetch_add(1, Ordering::Relaxed);
-                }
-                if shared.stats.is_draining() {
-                    return Ok(Outcome::Reply(Reply::Draining));
-                }
-                let job = NewJob {
-                    tube: tube.unwrap_or_else(|| self.used.clone()),
-                    id,
-                    pri,
-                    delay: secs(delay),
-                    // beanstalkd raises a TTR of zero to one second.
-                    ttr: secs(ttr.max(1)),
-                    body,
-                };
-                match broker.put(job).await? {
-                    PutOutcome::Inserted(id) => Reply::Inserted(id),
-                    PutOutcome::Exists(id) => Reply::Exists(id),
-                }
-            }
+            put @ Command::Put { .. } => match self.new_job(put) {
+                Ok(job) => return Ok(Outcome::Reply(put_reply(broker.put(job).await?))),
+                Err(reply) => reply,
+            },
             Command::Use(tube) => {
                 self.count(Cmd::Use);
                 if tube != self.used {
@@ -364,6 +386,26 @@ impl<S: Store> Session<S> {
             Command::Quit => return Ok(Outcome::Quit),
         };
         Ok(Outcome::Reply(reply))
+    }
+}
+
+/// The reply to a `put` the store took.
+fn put_reply(outcome: PutOutcome) -> Reply {
+    match outcome {
+        PutOutcome::Inserted(id) => Reply::Inserted(id),
+        PutOutcome::Exists(id) => Reply::Exists(id),
+    }
+}
+
+/// The reply to a command the store could not carry out: the client's
+/// `OUT_OF_MEMORY`, or a logged `INTERNAL_ERROR`.
+fn failed(conn: ConnId, e: StoreError) -> Reply {
+    match e {
+        StoreError::OutOfMemory => Reply::OutOfMemory,
+        e => {
+            error!(conn, error = %e, "command failed");
+            Reply::InternalError
+        }
     }
 }
 

@@ -83,16 +83,24 @@ impl Waiters {
         Some(entry.tx)
     }
 
-    /// The longest-waiting connection on `tube`.
-    pub fn head(&self, tube: &Tube) -> Option<Head> {
+    /// The `n` longest-waiting connections on `tube`, longest first.
+    pub fn heads(&self, tube: &Tube, n: usize) -> Vec<Head> {
         let inner = self.lock();
-        let id = *inner.queues.get(tube)?.first()?;
-        let entry = &inner.entries[&id];
-        Some(Head {
-            id,
-            conn: entry.conn,
-            tubes: entry.tubes.clone(),
-        })
+        let Some(queue) = inner.queues.get(tube) else {
+            return Vec::new();
+        };
+        queue
+            .iter()
+            .take(n)
+            .map(|&id| {
+                let entry = &inner.entries[&id];
+                Head {
+                    id,
+                    conn: entry.conn,
+                    tubes: entry.tubes.clone(),
+                }
+            })
+            .collect()
     }
 
     /// Whether anyone waits on `tube`.

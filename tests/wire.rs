@@ -17,6 +17,7 @@ const QUIET: Duration = Duration::from_millis(100);
 backend_tests!(
     commands_split_byte_by_byte,
     pipelined_commands_answered_in_order,
+    pipelined_puts_with_other_commands_between,
     bodies_with_crlf_and_every_byte_value,
     body_that_looks_like_commands_is_data,
     line_of_1024_bytes_is_accepted_1025_is_not,
@@ -98,6 +99,40 @@ async fn pipelined_commands_answered_in_order(backend: Backend) {
     assert_eq!(c.line().await, "TIMED_OUT");
     assert_eq!(c.line().await, "USING default");
     c.expect_silence(QUIET).await;
+}
+
+/// Puts pipelined in one write are taken together, but each is answered as
+/// if alone, in order, with what came between them applied in between.
+async fn pipelined_puts_with_other_commands_between(backend: Backend) {
+    let server = TestServer::start_with(backend, small_limit()).await;
+    let mut c = server.client().await;
+    let mut batch = Vec::new();
+    for i in 1..=3 {
+        batch.extend_from_slice(format!("put 0 0 60 1\r\n{i}\r\n").as_bytes());
+    }
+    batch.extend_from_slice(b"use other\r\n");
+    batch.extend_from_slice(b"put 0 0 60 1 dup\r\na\r\nput 0 0 60 1 dup\r\nb\r\n");
+    batch.extend_from_slice(format!("put 0 0 60 101\r\n{}\r\n", "x".repeat(101)).as_bytes());
+    batch.extend_from_slice(b"put 0 0 60 1\r\n5\r\nput 0 0 60 1\r\n6\r\n");
+    c.send(&batch).await;
+    let expected = [
+        "INSERTED 1",
+        "INSERTED 2",
+        "INSERTED 3",
+        "USING other",
+        "INSERTED dup",
+        "EXISTS dup",
+        "JOB_TOO_BIG",
+        "INSERTED 5",
+        "INSERTED 6",
+    ];
+    for want in expected {
+        assert_eq!(c.line().await, want);
+    }
+    c.expect_silence(QUIET).await;
+    assert_eq!(c.stats_tube("default").await.num("current-jobs-ready"), 3);
+    assert_eq!(c.stats_tube("other").await.num("current-jobs-ready"), 3);
+    assert_eq!(c.found("peek dup").await.body, b"a");
 }
 
 async fn bodies_with_crlf_and_every_byte_value(backend: Backend) {
@@ -553,7 +588,8 @@ async fn partial_put_at_hang_up_stores_nothing(backend: Backend) {
 
 async fn many_waiting_workers_each_get_one_job(backend: Backend) {
     let server = TestServer::start(backend).await;
-    let n = 20;
+    // More than one hand-out round and more than one run of pipelined puts.
+    let n = 300;
     let mut workers = Vec::new();
     for _ in 0..n {
         let mut w = server.client().await;
