@@ -39,6 +39,10 @@ pub async fn serve<S: Store>(
         max_job_size: shared.config.max_job_size,
     };
     let mut wire = Framed::new(socket, Codec::new(limits));
+    // Framed starts both buffers at 8 KiB; most connections never need that
+    // much, and ten thousand idle ones would hold 160 MB for nothing.
+    *wire.read_buffer_mut() = BytesMut::with_capacity(IDLE_BUFFER);
+    *wire.write_buffer_mut() = BytesMut::new();
     let mut session = Session::open(shared, conn).await;
     // A request read ahead while gathering pipelined puts.
     let mut ahead = None;
@@ -70,7 +74,7 @@ pub async fn serve<S: Store>(
     }
     // Whatever was answered before a quit or hang-up still goes out.
     let _ = wire.flush().await;
-    session.close().await;
+    Box::pin(session.close()).await;
     debug!(conn, ?peer, "connection closed");
 }
 
@@ -82,7 +86,9 @@ async fn answer<S: Store>(
     shutdown: &CancellationToken,
 ) -> bool {
     let outcome = match request.command {
-        Ok(cmd) => session.handle(cmd).await,
+        // Boxed: the command's future is large and short-lived, and a
+        // connection blocked in `reserve` should not carry its room.
+        Ok(cmd) => Box::pin(session.handle(cmd)).await,
         Err(e) => Outcome::Reply(e.into()),
     };
     let reply = match outcome {
@@ -92,6 +98,7 @@ async fn answer<S: Store>(
             if wire.flush().await.is_err() {
                 return false;
             }
+            shrink_when_idle(wire);
             match wait(wire, session, tubes, timeout, shutdown).await {
                 Some(reply) => reply,
                 None => return false,
@@ -167,6 +174,7 @@ async fn next_request(wire: &mut Wire, shutdown: &CancellationToken) -> Option<R
         Some(polled) => polled,
         None => {
             wire.flush().await.ok()?;
+            shrink_when_idle(wire);
             tokio::select! {
                 polled = wire.next() => polled,
                 () = shutdown.cancelled() => return None,
@@ -174,6 +182,23 @@ async fn next_request(wire: &mut Wire, shutdown: &CancellationToken) -> Option<R
         }
     };
     polled?.ok()
+}
+
+/// Read buffer capacity of a connection between commands.
+const IDLE_BUFFER: usize = 256;
+/// A buffer larger than this (a big body went through it) is let go while
+/// the connection waits for its client.
+const KEEP_BUFFER: usize = 4096;
+
+/// Lets go of buffers a big body made large, so that an idle connection
+/// costs little however much went through it.
+fn shrink_when_idle(wire: &mut Wire) {
+    if wire.read_buffer().is_empty() && wire.read_buffer().capacity() > KEEP_BUFFER {
+        *wire.read_buffer_mut() = BytesMut::with_capacity(IDLE_BUFFER);
+    }
+    if wire.write_buffer().is_empty() && wire.write_buffer().capacity() > KEEP_BUFFER {
+        *wire.write_buffer_mut() = BytesMut::new();
+    }
 }
 
 /// How far past a reserve's timeout a job may fall due and still be
@@ -231,7 +256,9 @@ async fn wait<S: Store>(
 ) -> Option<Reply> {
     let timeout_at = timeout.map(|t| Instant::now() + t);
     let soon_at = session.deadline_soon_at();
-    let (waiter, mut rx) = session.broker().wait(session.id, tubes.clone()).await;
+    // Boxed, as are the other passing futures here, so that what a blocked
+    // connection holds while it waits is only the waiting itself.
+    let (waiter, mut rx) = Box::pin(session.broker().wait(session.id, tubes.clone())).await;
     let mut ahead = BytesMut::new();
     let give_up = loop {
         let socket = wire.get_ref();
@@ -261,7 +288,7 @@ async fn wait<S: Store>(
     wire.read_buffer_mut().extend_from_slice(&ahead);
     if session.broker().waiters.take(waiter).is_some() {
         if give_up == Some(Reply::TimedOut) {
-            return Some(last_chance(session, &tubes).await);
+            return Some(Box::pin(last_chance(session, &tubes)).await);
         }
         return give_up;
     }

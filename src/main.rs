@@ -82,6 +82,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    raise_fd_limit();
     let control = Control::default();
     if let Err(e) = watch_signals(control.clone()) {
         error!(error = %e, "cannot install signal handlers");
@@ -130,4 +131,27 @@ fn watch_signals(control: Control) -> std::io::Result<()> {
         control.shutdown.cancel();
     });
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard one: each client is a
+/// file descriptor, and the usual soft limit of 1024 would cap delayq at
+/// about a thousand connections on a machine that allows many more.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+            && (limit.rlim_cur >= limit.rlim_max || {
+                limit.rlim_cur = limit.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
+            })
+    };
+    if raised {
+        info!(open_files = limit.rlim_cur, "file descriptor limit");
+    } else {
+        warn!(error = %std::io::Error::last_os_error(), "cannot raise the file descriptor limit");
+    }
 }
