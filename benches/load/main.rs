@@ -1,0 +1,320 @@
+//! delayq's load generator. It speaks beanstalkd's protocol, so one
+//! generator measures delayq on either engine and beanstalkd itself on the
+//! same machine, in the same run.
+//!
+//! ```text
+//! cargo bench --bench load -- compare            # every workload, 3 rounds, all three servers
+//! cargo bench --bench load -- cycle --target redis
+//! cargo bench --bench load -- cycle --addr 127.0.0.1:11300 [--pid PID] [--redis URL]
+//! cargo bench --bench load -- ceiling            # what Redis itself allows
+//! ```
+//!
+//! Workloads (see `--help` for their knobs):
+//! * `cycle`: C connections each looping put, reserve, delete of a 100-byte job.
+//! * `pipeline`: producers writing puts in batches, consumers reserving and
+//!   deleting; end-to-end latency from put to reserved.
+//! * `lateness`: 20k jobs with random delays, consumers blocked in reserve;
+//!   how late after its due time each job arrives, and how many never do.
+//! * `backlog`: 1M delayed jobs put with pipelined writes; put rate and
+//!   memory per job. `idle` fills the same backlog, then watches the server
+//!   (and its Redis) do nothing for 10 s.
+//! * `conns`: 10k connections blocked in reserve-with-timeout, then 1k jobs.
+//!
+//! `compare` starts each server afresh for every run (beanstalkd, delayq on
+//! the embedded engine, delayq on a private redis-server), runs each
+//! workload on them in turn, round after round, and prints the medians and
+//! their ratios to beanstalkd's. Servers run with their defaults and no
+//! persistence: beanstalkd without a binlog, Redis without RDB or AOF.
+
+mod ceiling;
+mod client;
+mod procs;
+mod report;
+mod workloads;
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use procs::{Kind, Probe, Programs, Target};
+use report::{Report, fmt, median};
+use workloads::Opts;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum What {
+    Cycle,
+    Pipeline,
+    Lateness,
+    Backlog,
+    Idle,
+    Conns,
+    /// Every chosen workload on every chosen server, in alternation.
+    Compare,
+    /// redis-benchmark of delayq's own Redis functions.
+    Ceiling,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Load generator for beanstalkd-protocol servers")]
+struct Cli {
+    /// A workload, `compare` or `ceiling`.
+    what: What,
+    /// Run one workload against the server at this address, instead of one
+    /// the bench starts.
+    #[arg(long)]
+    addr: Option<SocketAddr>,
+    /// With --addr: the server's process id, for its memory and CPU.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// With --addr: the Redis behind the server, for its INFO.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Without --addr: the server to start for one workload.
+    #[arg(long, value_enum, default_value = "embedded")]
+    target: Kind,
+    /// compare: rounds (each runs every server once per workload).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// compare: the workloads.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "cycle,pipeline,lateness,idle,conns"
+    )]
+    workloads: Vec<What>,
+    /// compare: the servers.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "beanstalkd,embedded,redis"
+    )]
+    targets: Vec<Kind>,
+    /// compare: also measure the Redis ceiling.
+    #[arg(long)]
+    ceiling: bool,
+    /// Threads of the load generator (1: all on one core, leaving the
+    /// other cores to the server).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// The delayq binary (default: the one cargo built).
+    #[arg(long)]
+    delayq: Option<PathBuf>,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+fn main() {
+    // `cargo bench` passes `--bench` to every bench without a harness.
+    let cli = Cli::parse_from(std::env::args().filter(|a| a != "--bench"));
+    raise_fd_limit();
+    let runtime = if cli.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(cli.threads);
+        b
+    }
+    .enable_all()
+    .build()
+    .expect("a runtime");
+    if let Err(e) = runtime.block_on(main_async(cli)) {
+        eprintln!("load: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn main_async(cli: Cli) -> io::Result<()> {
+    let programs = Programs {
+        delayq: cli
+            .delayq
+            .clone()
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_delayq").into()),
+        beanstalkd: program("beanstalkd", "beanstalkd")?,
+        redis_server: program("redis-server", "redis-server")?,
+    };
+    match cli.what {
+        What::Compare => compare(&cli, &programs).await,
+        What::Ceiling => {
+            ceiling::ceiling(&programs).await?.print();
+            Ok(())
+        }
+        what => {
+            let report = match cli.addr {
+                Some(addr) => {
+                    let probe = Probe {
+                        pid: cli.pid,
+                        redis: cli.redis.clone(),
+                    };
+                    run(what, addr, &probe, &cli.opts).await?
+                }
+                None => {
+                    let target = Target::start(cli.target, &programs);
+                    run(what, target.addr, &target.probe(), &cli.opts).await?
+                }
+            };
+            report.print();
+            Ok(())
+        }
+    }
+}
+
+/// Where `name` is on the PATH; an error says which Debian package has it.
+fn program(name: &str, package: &str) -> io::Result<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "{name} is not installed: apt-get install {package} redis-tools"
+            ))
+        })
+}
+
+async fn run(what: What, addr: SocketAddr, probe: &Probe, o: &Opts) -> io::Result<Report> {
+    match what {
+        What::Cycle => workloads::cycle(addr, o).await,
+        What::Pipeline => workloads::pipeline(addr, o).await,
+        What::Lateness => workloads::lateness(addr, o).await,
+        What::Backlog => workloads::backlog(addr, o, probe).await,
+        What::Idle => {
+            let mut report = workloads::backlog(addr, o, probe).await?;
+            report.0.extend(workloads::idle(o, probe).await?.0);
+            Ok(report)
+        }
+        What::Conns => workloads::conns(addr, o, probe).await,
+        What::Compare | What::Ceiling => Err(io::Error::other("not a workload")),
+    }
+}
+
+async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
+    print_machine(programs);
+    if cli.ceiling {
+        println!("\n### Redis ceiling (redis-benchmark, 50 connections)\n");
+        let report = ceiling::ceiling(programs).await?;
+        println!("| call | per second |\n| --- | ---: |");
+        for f in &report.0 {
+            println!("| {} | {} |", f.name, fmt(f.value));
+        }
+    }
+    for &what in &cli.workloads {
+        let mut runs: Vec<(Kind, Vec<Report>)> =
+            cli.targets.iter().map(|&k| (k, Vec::new())).collect();
+        for round in 1..=cli.rounds {
+            for (kind, reports) in &mut runs {
+                let target = Target::start(*kind, programs);
+                let report = run(what, target.addr, &target.probe(), &cli.opts).await?;
+                drop(target);
+                let summary: Vec<String> = report
+                    .0
+                    .iter()
+                    .map(|f| format!("{} {}", f.name, fmt(f.value)))
+                    .collect();
+                eprintln!(
+                    "{what:?} round {round} {}: {}",
+                    kind.name(),
+                    summary.join(", ")
+                );
+                reports.push(report);
+            }
+        }
+        print_table(what, &runs);
+    }
+    Ok(())
+}
+
+/// One workload's medians, and their ratios to beanstalkd's.
+fn print_table(what: What, runs: &[(Kind, Vec<Report>)]) {
+    let mut names: Vec<(String, &str)> = Vec::new();
+    for (_, reports) in runs {
+        for f in reports.iter().flat_map(|r| &r.0) {
+            if !names.iter().any(|(n, _)| *n == f.name) {
+                names.push((f.name.clone(), f.unit));
+            }
+        }
+    }
+    let base = runs.iter().position(|(k, _)| *k == Kind::Beanstalkd);
+    let others: Vec<usize> = (0..runs.len()).filter(|&i| Some(i) != base).collect();
+    println!("\n### {what:?} (median of {} runs)\n", runs[0].1.len());
+    let mut head = String::from("| figure | unit |");
+    let mut rule = String::from("| --- | --- |");
+    for (k, _) in runs {
+        head += &format!(" {} |", k.name());
+        rule += " ---: |";
+    }
+    if base.is_some() {
+        for &i in &others {
+            head += &format!(" {} ÷ beanstalkd |", runs[i].0.name());
+            rule += " ---: |";
+        }
+    }
+    println!("{head}\n{rule}");
+    for (name, unit) in names {
+        let medians: Vec<f64> = runs
+            .iter()
+            .map(|(_, reports)| {
+                let mut values: Vec<f64> = reports.iter().filter_map(|r| r.get(&name)).collect();
+                median(&mut values)
+            })
+            .collect();
+        let mut row = format!("| {name} | {unit} |");
+        for m in &medians {
+            row += &format!(" {} |", fmt(*m));
+        }
+        if let Some(b) = base {
+            for &i in &others {
+                let ratio = medians[i] / medians[b];
+                row += &if ratio.is_finite() {
+                    format!(" {ratio:.2} |")
+                } else {
+                    " - |".into()
+                };
+            }
+        }
+        println!("{row}");
+    }
+}
+
+fn print_machine(programs: &Programs) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or("?".into(), |kb| format!("{:.1} GiB", kb as f64 / 1048576.0));
+    let version = |program: &PathBuf, flag: &str| {
+        std::process::Command::new(program)
+            .arg(flag)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    println!("## Machine: {cores} cores, {mem} of memory");
+    println!("- {}", version(&programs.beanstalkd, "-v"));
+    println!("- {}", version(&programs.redis_server, "--version"));
+    println!("- delayq: {}", programs.delayq.display());
+}
+
+/// Raises the soft limit on open files to the hard one: `conns` opens ten
+/// thousand connections, and the servers the bench starts inherit the limit.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
