@@ -18,6 +18,26 @@ use crate::reply::{Mode, Response};
 /// Longest text command line, CRLF included.
 pub const MAX_LINE: usize = 1024;
 
+/// Room left in an empty read buffer for the next command: a typical
+/// command, `put` with a small body included, arrives in one read.
+const NEXT_COMMAND_ROOM: usize = 256;
+/// Room left in a read buffer holding part of a command: the client is
+/// sending more than the last read took, so read in bigger pieces.
+const STREAM_ROOM: usize = 8 * 1024;
+
+/// Leaves room in `buf` for the next read. The framing reads only into the
+/// room a buffer has left, and a buffer whose commands were split off has
+/// little left at its end: without this, a command would often take two
+/// reads, the first only a few bytes. An empty buffer gets its whole
+/// allocation back at no cost.
+fn make_room(buf: &mut BytesMut) {
+    buf.reserve(if buf.is_empty() {
+        NEXT_COMMAND_ROOM
+    } else {
+        STREAM_ROOM
+    });
+}
+
 /// Size limits the codec enforces.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -101,6 +121,7 @@ impl Decoder for Codec {
                             return Ok(self.too_long(json));
                         }
                         *scanned = buf.len();
+                        make_room(buf);
                         return Ok(None);
                     };
                     self.state = State::Line { scanned: 0 };
