@@ -7,19 +7,18 @@
 //! a due time (a delay, a TTR, a pause) tells the timer, which sleeps until
 //! the earliest one; nothing polls.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::sync::{Notify, oneshot};
-use tokio::time::Instant;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use crate::error::StoreResult;
 use crate::names::{JobId, Tube};
 use crate::store::{ConnId, NewJob, PutOutcome, Reserved, Store, StoreEvent};
+use crate::timer::{Alarm, PreciseSleep};
 use crate::waiters::{Head, WaiterId, Waiters};
 
 /// How long the timer waits before retrying a tick that failed.
@@ -74,29 +73,6 @@ pub struct Broker<S> {
     alarm: Alarm,
 }
 
-/// When the timer should next wake, shared by everyone who creates due times.
-struct Alarm {
-    epoch: Instant,
-    /// Milliseconds since `epoch`; `u64::MAX` while unknown (mid-tick).
-    next: AtomicU64,
-    notify: Notify,
-}
-
-impl Alarm {
-    fn at(&self, after: Duration) -> u64 {
-        u64::try_from((Instant::now() + after - self.epoch).as_millis()).unwrap_or(u64::MAX - 1)
-    }
-
-    /// Something falls due `after` from now: wake the timer if that is earlier
-    /// than what it sleeps towards.
-    fn schedule(&self, after: Duration) {
-        let at = self.at(after);
-        if self.next.fetch_min(at, Ordering::AcqRel) > at {
-            self.notify.notify_one();
-        }
-    }
-}
-
 impl<S: Store> Broker<S> {
     /// A broker over `store`.
     pub fn new(store: S) -> Broker<S> {
@@ -105,11 +81,7 @@ impl<S: Store> Broker<S> {
             waiters: Waiters::default(),
             serving: tokio::sync::Mutex::new(()),
             passes: Mutex::new(Passes::default()),
-            alarm: Alarm {
-                epoch: Instant::now(),
-                next: AtomicU64::new(u64::MAX),
-                notify: Notify::new(),
-            },
+            alarm: Alarm::new(),
         }
     }
 
@@ -352,10 +324,9 @@ impl<S: Store> Broker<S> {
     /// The timer: moves due jobs, hands them out, sleeps until the next due
     /// time or until woken by an earlier one. Returns on shutdown.
     pub async fn run_timer(&self, shutdown: CancellationToken) {
+        let mut clock = PreciseSleep::new();
         loop {
-            // While the tick runs, any new due time must wake us again, since
-            // the tick may not have seen it.
-            self.alarm.next.store(u64::MAX, Ordering::Release);
+            self.alarm.forget();
             let next = match self.tick().await {
                 Ok(next) => next,
                 Err(e) => {
@@ -368,21 +339,10 @@ impl<S: Store> Broker<S> {
                 (due, most) => due.or(most),
             };
             if let Some(after) = next {
-                self.alarm
-                    .next
-                    .fetch_min(self.alarm.at(after), Ordering::AcqRel);
+                self.alarm.expect(after);
             }
-            let at = self.alarm.next.load(Ordering::Acquire);
-            let sleep = async {
-                if at == u64::MAX {
-                    std::future::pending::<()>().await;
-                } else {
-                    tokio::time::sleep_until(self.alarm.epoch + Duration::from_millis(at)).await;
-                }
-            };
             tokio::select! {
-                () = sleep => {}
-                () = self.alarm.notify.notified() => {}
+                () = self.alarm.sleep(&mut clock) => {}
                 () = shutdown.cancelled() => return,
             }
         }

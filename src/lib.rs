@@ -18,8 +18,9 @@
 //! * [`connection`] runs one client: pipelined replies share a flush, and a
 //!   blocked reserve waits on a channel.
 //! * [`dispatch`] holds a connection's session and the one `match` over commands.
-//! * [`broker`] wraps the store: hands ready jobs to [`waiters`] and keeps the
-//!   timer's alarm, so nothing polls.
+//! * [`broker`] wraps the store: hands ready jobs to [`waiters`] and runs the
+//!   timer, which sleeps on [`timer::Alarm`] until the next due time, so
+//!   nothing polls.
 //! * [`store`] is the storage interface of whole, atomic transitions;
 //!   [`store::memory`] is the embedded engine.
 //! * [`reply`] spells every wire word; [`stats`] renders the YAML documents.
@@ -40,4 +41,5 @@ pub mod reply;
 pub mod server;
 pub mod stats;
 pub mod store;
+pub mod timer;
 pub mod waiters;
