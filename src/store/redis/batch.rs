@@ -8,12 +8,14 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Value};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tracing::info;
 
-use super::library::{Kind, Library};
+use super::library::{Function, Kind, Library};
 use super::{corrupt, fail};
 use crate::error::{StoreError, StoreResult};
 
@@ -50,6 +52,10 @@ pub(super) async fn load(
 }
 
 /// Sends the operations queued on `queue` until every sender is gone.
+///
+/// Calls in flight are polled here rather than in tasks of their own, so a
+/// reply reaches the connections waiting on it without another hop through
+/// the scheduler.
 pub(super) async fn run(
     conn: ConnectionManager,
     tag: String,
@@ -58,93 +64,101 @@ pub(super) async fn run(
 ) {
     let library = Arc::new(library);
     let tag = Arc::<str>::from(tag);
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut flying = FuturesUnordered::new();
     let mut ops = Vec::with_capacity(MAX_BATCH);
-    loop {
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            return;
-        };
-        if queue.recv_many(&mut ops, MAX_BATCH).await == 0 {
-            return;
-        }
-        let mut by_kind: [Vec<Op>; 3] = Default::default();
-        for op in ops.drain(..) {
-            by_kind[op.kind as usize].push(op);
-        }
-        let (conn, tag, library) = (conn.clone(), tag.clone(), library.clone());
-        tokio::spawn(async move {
-            let [puts, moves, reads] = by_kind;
-            let done = tokio::join!(
-                send(&conn, &tag, &library, Kind::Puts, puts),
-                send(&conn, &tag, &library, Kind::Moves, moves),
-                send(&conn, &tag, &library, Kind::Reads, reads),
-            );
-            // The next batch goes out before the connections waiting on this
-            // one are woken, so Redis is not left idle while they reply.
-            drop(permit);
-            for (reply, result) in [done.0, done.1, done.2].into_iter().flatten() {
-                let _ = reply.send(result);
+    let mut open = true;
+    while open || !flying.is_empty() {
+        tokio::select! {
+            Some(done) = flying.next(), if !flying.is_empty() => {
+                let done: Done = done;
+                for (reply, result) in done {
+                    let _ = reply.send(result);
+                }
             }
-        });
+            n = queue.recv_many(&mut ops, MAX_BATCH), if open && flying.len() < IN_FLIGHT => {
+                if n == 0 {
+                    open = false;
+                    continue;
+                }
+                let batch: Vec<Op> = ops.drain(..).collect();
+                let (conn, tag, library) = (conn.clone(), tag.clone(), library.clone());
+                flying.push(async move { send(conn, &tag, &library, batch).await });
+            }
+        }
     }
 }
 
 /// A reply channel and what to send on it.
 type Done = Vec<(oneshot::Sender<StoreResult<Value>>, StoreResult<Value>)>;
 
-/// Runs `ops` in one call of the function for `kind`; returns each one's
-/// result with its reply channel.
-async fn send(
-    conn: &ConnectionManager,
+/// Runs `ops` in one function call; returns each one's result with its
+/// reply channel.
+async fn send(mut conn: ConnectionManager, tag: &str, library: &Library, ops: Vec<Op>) -> Done {
+    match call(&mut conn, tag, library, Function::Any, &ops).await {
+        // Redis is over maxmemory and refused the call before it ran: the
+        // puts are refused, the rest go again in the function that may run.
+        Err(e) if e.code() == Some("OOM") => {
+            let (puts, rest): (Vec<Op>, Vec<Op>) =
+                ops.into_iter().partition(|op| op.kind == Kind::Puts);
+            let mut done: Done = puts
+                .into_iter()
+                .map(|op| (op.reply, Err(StoreError::OutOfMemory)))
+                .collect();
+            if !rest.is_empty() {
+                let result = call(&mut conn, tag, library, Function::Drain, &rest).await;
+                done.extend(answers(rest, result));
+            }
+            done
+        }
+        result => answers(ops, result),
+    }
+}
+
+/// One call of `function` running `ops`, in order.
+async fn call(
+    conn: &mut ConnectionManager,
     tag: &str,
     library: &Library,
-    kind: Kind,
-    ops: Vec<Op>,
-) -> Done {
-    if ops.is_empty() {
-        return Vec::new();
-    }
-    let mut call = redis::cmd("FCALL");
+    function: Function,
+    ops: &[Op],
+) -> Result<Vec<Value>, RedisError> {
+    let mut cmd = redis::cmd("FCALL");
     // One declared key, so a cluster-aware client routes the call to the
     // node of the prefix's hash slot, where every key it touches lives.
-    call.arg(library.function(kind))
+    cmd.arg(library.function(function))
         .arg(1)
         .arg(format!("{tag}jobs"))
         .arg(tag);
-    let mut replies = Vec::with_capacity(ops.len());
     for op in ops {
-        call.arg(op.name).arg(op.args.len());
-        for arg in op.args {
-            call.arg(arg);
+        cmd.arg(op.name).arg(op.args.len());
+        for arg in &op.args {
+            cmd.arg(arg.as_slice());
         }
-        replies.push(op.reply);
     }
-    let mut conn = conn.clone();
-    let mut result = call.query_async::<Vec<Value>>(&mut conn).await;
+    let result = cmd.query_async(conn).await;
     if matches!(&result, Err(e) if e.to_string().contains("Function not found")) {
         // Redis lost the library (a restart without persistence, or a
         // FUNCTION FLUSH); the call did not run, so it is safe to repeat.
         info!("loading delayq's function library into Redis");
-        result = match load(&mut conn, library).await {
-            Ok(()) => call.query_async(&mut conn).await,
-            Err(e) => Err(e),
-        };
+        load(conn, library).await?;
+        return cmd.query_async(conn).await;
     }
+    result
+}
+
+/// Each operation's reply channel with its part of a call's result.
+fn answers(ops: Vec<Op>, result: Result<Vec<Value>, RedisError>) -> Done {
+    let replies = ops.into_iter().map(|op| op.reply);
     match result {
-        Ok(results) if results.len() == replies.len() => replies
-            .into_iter()
-            .zip(results.into_iter().map(outcome))
-            .collect(),
+        Ok(results) if results.len() == replies.len() => {
+            replies.zip(results.into_iter().map(outcome)).collect()
+        }
         Ok(_) => replies
-            .into_iter()
             .map(|reply| (reply, Err(corrupt("a batch's length"))))
             .collect(),
         Err(e) => {
             let e = fail(e);
-            replies
-                .into_iter()
-                .map(|reply| (reply, Err(e.clone())))
-                .collect()
+            replies.map(|reply| (reply, Err(e.clone()))).collect()
         }
     }
 }

@@ -1,5 +1,5 @@
 //! delayq's Redis function library: the Lua source (`src/store/lua/`), put
-//! together once, and the three functions it registers, one per kind of call.
+//! together once, and the two functions it registers.
 //!
 //! A function library, unlike a script, is compiled and set up once when it
 //! is loaded; a call then runs only its own work. Its name carries a hash of
@@ -18,11 +18,10 @@ macro_rules! ops {
     };
 }
 
-/// What a call may do when Redis is over `maxmemory`, which decides which
-/// function an operation runs in. Puts are refused whole, up front, so a put
-/// never leaves a job half written; moves of existing jobs (they free memory
-/// or barely change it) and reads still run, so workers can drain a full
-/// Redis.
+/// What an operation does, which decides what it may do while Redis is over
+/// `maxmemory`: puts are refused whole, up front, so a put never leaves a
+/// job half written; moves of existing jobs (they free memory or barely
+/// change it) and reads still run, so workers can drain a full Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
     Puts,
@@ -31,24 +30,6 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::Puts, Kind::Moves, Kind::Reads];
-
-    fn suffix(self) -> &'static str {
-        match self {
-            Kind::Puts => "puts",
-            Kind::Moves => "moves",
-            Kind::Reads => "reads",
-        }
-    }
-
-    fn flags(self) -> &'static str {
-        match self {
-            Kind::Puts => "",
-            Kind::Moves => "'allow-oom'",
-            Kind::Reads => "'no-writes'",
-        }
-    }
-
     fn ops(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Kind::Puts => ops!(put),
@@ -72,17 +53,53 @@ impl Kind {
     }
 }
 
+/// The library's functions. A batch of operations normally goes in one call
+/// of [`Function::Any`]; lacking `allow-oom`, that call is refused whole
+/// while Redis is over `maxmemory`, and then the batch's moves and reads go
+/// again in a call of [`Function::Drain`], which has it, and its puts are
+/// answered with the refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Function {
+    Any,
+    Drain,
+}
+
+impl Function {
+    const ALL: [Function; 2] = [Function::Any, Function::Drain];
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Function::Any => "any",
+            Function::Drain => "drain",
+        }
+    }
+
+    fn flags(self) -> &'static str {
+        match self {
+            Function::Any => "",
+            Function::Drain => "'allow-oom'",
+        }
+    }
+
+    fn kinds(self) -> &'static [Kind] {
+        match self {
+            Function::Any => &[Kind::Puts, Kind::Moves, Kind::Reads],
+            Function::Drain => &[Kind::Moves, Kind::Reads],
+        }
+    }
+}
+
 /// The library's source and the names of its functions.
 pub(super) struct Library {
     /// What `FUNCTION LOAD` takes.
     pub source: String,
-    functions: [String; 3],
+    functions: [String; 2],
 }
 
 impl Library {
     pub fn new() -> Library {
         let mut body = format!("{PRELUDE}\n");
-        for kind in Kind::ALL {
+        for kind in [Kind::Puts, Kind::Moves, Kind::Reads] {
             for (_, source) in kind.ops() {
                 body.push_str(source);
                 body.push('\n');
@@ -91,27 +108,28 @@ impl Library {
         body.push_str(DISPATCH);
         let hash = Script::new(&body).get_hash().to_owned();
         let name = format!("delayq_{}", &hash[..16]);
-        let functions = Kind::ALL.map(|kind| format!("{name}_{}", kind.suffix()));
+        let functions = Function::ALL.map(|f| format!("{name}_{}", f.suffix()));
         let mut source = format!("#!lua name={name}\n{body}\n");
-        for kind in Kind::ALL {
-            let allowed: Vec<String> = kind
-                .ops()
+        for f in Function::ALL {
+            let allowed: Vec<String> = f
+                .kinds()
                 .iter()
+                .flat_map(|kind| kind.ops())
                 .map(|(op, _)| format!("{op}=true"))
                 .collect();
             source.push_str(&format!(
                 "redis.register_function{{function_name='{}', callback=dispatcher({{{}}}), flags={{{}}}}}\n",
-                functions[kind as usize],
+                functions[f as usize],
                 allowed.join(", "),
-                kind.flags(),
+                f.flags(),
             ));
         }
         Library { source, functions }
     }
 
-    /// The function that runs operations of `kind`.
-    pub fn function(&self, kind: Kind) -> &str {
-        &self.functions[kind as usize]
+    /// The name of `f` in Redis.
+    pub fn function(&self, f: Function) -> &str {
+        &self.functions[f as usize]
     }
 }
 
@@ -120,19 +138,16 @@ impl Library {
 /// `op` ("put" or "reserve") in one call, on the tube `bench` under the
 /// default prefix: 100-byte ready jobs for `put`. `None` for another `op`.
 pub fn bench_call(op: &str, n: usize) -> Option<(String, Vec<Vec<u8>>)> {
-    let (kind, args): (Kind, Vec<&[u8]>) = match op {
-        "put" => (
-            Kind::Puts,
-            vec![b"bench", b"", b"0", b"0", b"60000", &[b'x'; 100]],
-        ),
-        "reserve" => (Kind::Moves, vec![b"bench:1", b"bench"]),
+    let args: Vec<&[u8]> = match op {
+        "put" => vec![b"bench", b"", b"0", b"0", b"60000", &[b'x'; 100]],
+        "reserve" => vec![b"bench:1", b"bench"],
         _ => return None,
     };
     let library = Library::new();
     let tag = "{delayq:}";
     let mut command: Vec<Vec<u8>> = vec![
         b"FCALL".to_vec(),
-        library.function(kind).into(),
+        library.function(Function::Any).into(),
         b"1".to_vec(),
         format!("{tag}jobs").into(),
         tag.into(),
