@@ -1,5 +1,6 @@
 //! Figures a workload reports, and the tables the comparison prints.
 
+use std::io::Write;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -42,7 +43,13 @@ impl Report {
 
     pub fn print(&self) {
         for f in &self.0 {
-            println!("{:<32} {:>14} {}", f.name, fmt(f.value), f.unit);
+            let _ = writeln!(
+                std::io::stdout(),
+                "{:<32} {:>14} {}",
+                f.name,
+                fmt(f.value),
+                f.unit
+            );
         }
     }
 

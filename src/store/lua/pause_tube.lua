@@ -7,7 +7,7 @@ OPS.pause_tube = function(tube, delay)
   local t = tube_key('tube', tube)
   count(t, 'cmd-pause-tube', 1)
   if delay > 0 then
-    local until_ms = now_ms() + delay
+    local until_ms = from_now(delay)
     redis.call('HSET', t, 'pause', delay, 'until', until_ms)
     redis.call('ZADD', P .. 'pauses', until_ms, tube)
     pause_until[tube] = until_ms

@@ -49,13 +49,24 @@ local URGENT = 1024
 -- share is done once: counters are summed and written at the end, tubes are
 -- announced once, and the checks for tubes left unused run once at the end.
 
-local clock
+-- The call's instant in ms: `clock` rounded down, `clock_up` rounded up.
+local clock, clock_up
+local function read_clock()
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  clock, clock_up = math.floor(us / 1000), math.ceil(us / 1000)
+end
+
 local function now_ms()
-  if clock == nil then
-    local t = redis.call('TIME')
-    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
+  if clock == nil then read_clock() end
   return clock
+end
+
+-- The time `ms` from now, rounded up to the millisecond: a job due then is
+-- never handed out early, nor a TTR or a pause over early.
+local function from_now(ms)
+  if clock == nil then read_clock() end
+  return clock_up + ms
 end
 
 local pending = {}
@@ -69,9 +80,9 @@ local function count(key, field, by)
 end
 
 -- Job keys for this call's puts, taken from P.."seq" in one step: `PUTS`
--- (set by the dispatcher) is how many the call may need; those left unused
--- (a client id that existed) are handed back at the end, which is safe
--- because nothing else runs in between.
+-- (the caller says) is how many the call may need; those left unused (a
+-- client id that existed) are handed back at the end, which is safe because
+-- nothing else runs in between.
 local PUTS = 0
 local seq_next, seq_last
 local function next_key()
@@ -97,13 +108,12 @@ end
 
 local function save(key, job) redis.call('HSET', P .. 'jobs', key, cmsgpack.pack(job)) end
 
--- The key of the job named by a wire id: digits are a server id, anything
--- else a client-chosen one. A server id never names a job that has a name.
+-- The key and the job a caller's id names: "#" and the job's key for a
+-- server id (delayq writes it so; no client-chosen id has a "#"), else a
+-- client-chosen id. A server id never names a job that has a name.
 local function key_of(id)
-  if string.match(id, '^%d+$') then
-    local n = tonumber(id)
-    if n == nil or n >= 2 ^ 48 then return nil end
-    local key = string.format('%012x', n)
+  if string.byte(id) == 35 then
+    local key = string.sub(id, 2)
     local job = load(key)
     if job == nil or job[NAME] ~= '' then return nil end
     return key, job
@@ -113,18 +123,30 @@ local function key_of(id)
   return key, load(key)
 end
 
+-- A job's id as a caller gets it: its client-chosen name, or its server id
+-- as a number.
 local function id_of(key, job)
   if job[NAME] ~= '' then return job[NAME] end
-  return string.format('%d', tonumber(key, 16))
+  return tonumber(key, 16)
+end
+
+-- Whether other delayq processes share this Redis and so must hear of what
+-- this call did; asked once per call. A process that joins registers
+-- before it takes connections, so no waiting worker of its misses a word.
+local shared
+local function others()
+  if shared == nil then shared = redis.call('SCARD', P .. 'processes') > 1 end
+  return shared
 end
 
 -- Tubes that got ready jobs during this call, each announced once on
--- P.."events" so that every delayq process serves its waiting connections.
+-- P.."events" so that every other delayq process serves its waiting
+-- connections.
 local announced = {}
 local function announce(tube)
   if not announced[tube] then
     announced[tube] = true
-    redis.call('PUBLISH', P .. 'events', tube)
+    if others() then redis.call('PUBLISH', P .. 'events', tube) end
   end
 end
 
@@ -289,7 +311,7 @@ local function link(key, job, state, at)
     local bucket, second = bucket_of(tube, at)
     redis.call('SADD', bucket, bucket_member(key, at))
     redis.call('ZADD', tube_key('delayed', tube), second, second)
-    if redis.call('ZADD', P .. 'due', 'LT', 'CH', at, tube) == 1 then
+    if redis.call('ZADD', P .. 'due', 'LT', 'CH', at, tube) == 1 and others() then
       -- An earlier due time than the timers knew of: tell every process
       -- how long from now (no tube name contains ':').
       redis.call('PUBLISH', P .. 'events', 'due:' .. math.max(at - now_ms(), 0))
@@ -313,7 +335,7 @@ local function reserve_key(key, job, owner, popped)
   unlink(key, job, popped)
   job[RESERVES] = job[RESERVES] + 1
   job[OWNER] = owner
-  link(key, job, 'reserved', now_ms() + job[TTR])
+  link(key, job, 'reserved', from_now(job[TTR]))
   local out = body_of(key, job)
   out[4] = job[TTR]
   return out
@@ -323,8 +345,8 @@ local function is_held(job, owner) return job[STATE] == 'reserved' and job[OWNER
 
 -- Starts a call: a library's locals outlive calls, so every piece of
 -- per-call state is reset here.
-local function begin(prefix)
-  P = prefix
-  clock, pending, PUTS, seq_next, seq_last = nil, {}, 0, nil, nil
+local function begin(prefix, puts)
+  P, PUTS = prefix, puts or 0
+  clock, clock_up, pending, seq_next, seq_last, shared = nil, nil, {}, nil, nil, nil
   announced, known, pause_until, beat, unused = {}, {}, {}, false, {}
 end

@@ -9,7 +9,7 @@ OPS.release = function(owner, id, pri, delay)
   job[PRI], job[DELAY], job[OWNER] = tonumber(pri), delay, ''
   job[RELEASES] = job[RELEASES] + 1
   if delay > 0 then
-    link(key, job, 'delayed', now_ms() + delay)
+    link(key, job, 'delayed', from_now(delay))
   else
     link(key, job, 'ready', 0)
   end

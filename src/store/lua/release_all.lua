@@ -1,10 +1,11 @@
 -- release all: a connection closed; the jobs it held go back to ready.
--- Args: owner, id... (the jobs the connection believes it holds; those it
--- no longer does, because their TTR ran out, are left alone)
+-- Args: owner, ids separated by spaces (the jobs the connection believes
+-- it holds; those it no longer does, because their TTR ran out, are left
+-- alone)
 -- Returns the tubes that got jobs back.
-OPS.release_all = function(owner, ...)
+OPS.release_all = function(owner, ids)
   local tubes = {}
-  for _, id in ipairs({ ... }) do
+  for id in string.gmatch(ids, '[^ ]+') do
     local key, job = key_of(id)
     if key ~= nil and is_held(job, owner) then
       unlink(key, job)

@@ -1,17 +1,17 @@
 -- reserve: take the most urgent ready job of the unpaused tubes given.
--- Args: owner, tube...
+-- Args: owner, the tubes separated by spaces (no tube name has one)
 -- Returns {id, tube, body, ttr} or false.
-OPS.reserve = function(owner, ...)
-  if select('#', ...) == 1 then
+OPS.reserve = function(owner, tubes)
+  if not string.find(tubes, ' ', 1, true) then
     -- One tube, the usual case: pop its first job in one step.
-    local tube = ...
+    local tube = tubes
     if paused(tube) then return false end
     local key = redis.call('ZPOPMIN', tube_key('ready', tube))[1]
     if key == nil then return false end
     return reserve_key(key, load(key), owner, true)
   end
   local best_key, best_pri
-  for _, tube in ipairs({ ... }) do
+  for tube in string.gmatch(tubes, '[^ ]+') do
     if not paused(tube) then
       local first = redis.call('ZRANGE', tube_key('ready', tube), 0, 0, 'WITHSCORES')
       if first[1] then

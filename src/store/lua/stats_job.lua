@@ -7,7 +7,9 @@ OPS.stats_job = function(id)
   if key == nil then return false end
   local now = now_ms()
   local left = 0
-  if job[STATE] == 'delayed' or job[STATE] == 'reserved' then left = math.max(job[AT] - now, 0) end
+  -- Counted from the instant rounded up, as due times are: a time just set
+  -- shows no more than it was set to.
+  if job[STATE] == 'delayed' or job[STATE] == 'reserved' then left = math.max(job[AT] - from_now(0), 0) end
   return { id_of(key, job), job[TUBE], job[STATE], job[PRI], now - job[CREATED], job[DELAY], job[TTR],
     left, job[RESERVES], job[TIMEOUTS], job[RELEASES], job[BURIES], job[KICKS] }
 end

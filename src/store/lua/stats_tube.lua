@@ -10,7 +10,7 @@ OPS.stats_tube = function(tube)
   local now = now_ms()
   local using, watching = tube_users(tube)
   local pause, left = 0, 0
-  if n(7) > now then pause, left = n(6), n(7) - now end
+  if n(7) > now then pause, left = n(6), math.max(n(7) - from_now(0), 0) end
   return { n(1), redis.call('ZCARD', tube_key('ready', tube)), n(2),
     n(8), redis.call('ZCARD', tube_key('buried', tube)),
     n(3), using, watching, n(4), n(5), pause, left }

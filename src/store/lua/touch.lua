@@ -5,6 +5,6 @@ OPS.touch = function(owner, id)
   local key, job = key_of(id)
   if key == nil or not is_held(job, owner) then return false end
   unlink(key, job)
-  link(key, job, 'reserved', now_ms() + job[TTR])
+  link(key, job, 'reserved', from_now(job[TTR]))
   return job[TTR]
 end

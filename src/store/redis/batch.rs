@@ -1,12 +1,18 @@
 //! Batching: operations of many connections share one function call.
 //!
 //! Operations queue on a channel; a sender task takes whatever queued while
-//! the calls before it were out and sends it as one call per kind, so under
-//! load many commands share one round trip and one function call, while a
-//! lone command waits for nothing. Calls are pipelined on the one
-//! multiplexed connection.
+//! the calls before it were out and sends it as one call, so under load many
+//! commands share one round trip and one function call, while a lone command
+//! waits for nothing. Calls are pipelined on the one multiplexed connection.
+//!
+//! A call is `FCALL <function> 1 <P>jobs <P> <puts> <op> <args>...`: the
+//! number of puts it holds, then each operation's name and its arguments
+//! (each operation has a fixed number; see `lua/batch.lua`).
 
+use std::fmt::Write as _;
 use std::sync::Arc;
+
+use bytes::Bytes;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -18,6 +24,8 @@ use tracing::info;
 use super::library::{Function, Kind, Library};
 use super::{corrupt, fail};
 use crate::error::{StoreError, StoreResult};
+use crate::names::{JobId, Tube};
+use crate::store::ConnId;
 
 /// Most operations one call carries, so that no call holds Redis long.
 const MAX_BATCH: usize = 256;
@@ -25,12 +33,57 @@ const MAX_BATCH: usize = 256;
 /// runs, and is already on the wire when Redis is done with it.
 const IN_FLIGHT: usize = 2;
 
-/// An operation waiting for the next call of its kind.
+/// An operation waiting for the next call.
 pub(super) struct Op {
     pub kind: Kind,
     pub name: &'static str,
-    pub args: Vec<Vec<u8>>,
+    pub args: Vec<Arg>,
     pub reply: oneshot::Sender<StoreResult<Value>>,
+}
+
+/// One argument of an operation. Arguments are turned into bytes only when
+/// the call is written, straight into it, so an operation costs one
+/// allocation to build however many arguments it has.
+pub(super) enum Arg {
+    /// Fixed text.
+    Static(&'static str),
+    /// A tube's name.
+    Tube(Tube),
+    /// Any other text.
+    Text(String),
+    /// A number.
+    Int(u64),
+    /// The connection that holds (or is to hold) a job: its process and
+    /// number, `PROCESS:CONN`.
+    Owner(ConnId),
+    /// A job id as the scripts take it: `#` and the job's key (its number
+    /// as 12 hex digits) for a server id, the text of a client-chosen one.
+    Id(JobId),
+    /// A job body.
+    Body(Bytes),
+}
+
+impl Arg {
+    fn write(&self, cmd: &mut redis::Cmd, process: &str, scratch: &mut String) {
+        match self {
+            Arg::Static(s) => cmd.arg(*s),
+            Arg::Tube(t) => cmd.arg(t.as_str()),
+            Arg::Text(s) => cmd.arg(s.as_str()),
+            Arg::Int(n) => cmd.arg(*n),
+            Arg::Owner(conn) => {
+                scratch.clear();
+                let _ = write!(scratch, "{process}:{conn}");
+                cmd.arg(scratch.as_str())
+            }
+            Arg::Id(JobId::Server(n)) => {
+                scratch.clear();
+                let _ = write!(scratch, "#{n:012x}");
+                cmd.arg(scratch.as_str())
+            }
+            Arg::Id(JobId::Client(name)) => cmd.arg(&**name),
+            Arg::Body(b) => cmd.arg(b.as_ref()),
+        };
+    }
 }
 
 /// Loads `library` into Redis, if it is not there already.
@@ -59,11 +112,13 @@ pub(super) async fn load(
 pub(super) async fn run(
     conn: ConnectionManager,
     tag: String,
+    process: String,
     library: Library,
     mut queue: mpsc::UnboundedReceiver<Op>,
 ) {
     let library = Arc::new(library);
     let tag = Arc::<str>::from(tag);
+    let process = Arc::<str>::from(process);
     let mut flying = FuturesUnordered::new();
     let mut ops = Vec::with_capacity(MAX_BATCH);
     let mut open = true;
@@ -80,9 +135,13 @@ pub(super) async fn run(
                     open = false;
                     continue;
                 }
-                let batch: Vec<Op> = ops.drain(..).collect();
-                let (conn, tag, library) = (conn.clone(), tag.clone(), library.clone());
-                flying.push(async move { send(conn, &tag, &library, batch).await });
+                let batch = std::mem::take(&mut ops);
+                let call = Call {
+                    tag: tag.clone(),
+                    process: process.clone(),
+                    library: library.clone(),
+                };
+                flying.push(send(conn.clone(), call, batch));
             }
         }
     }
@@ -91,10 +150,17 @@ pub(super) async fn run(
 /// A reply channel and what to send on it.
 type Done = Vec<(oneshot::Sender<StoreResult<Value>>, StoreResult<Value>)>;
 
+/// What every call needs to know besides its operations.
+struct Call {
+    tag: Arc<str>,
+    process: Arc<str>,
+    library: Arc<Library>,
+}
+
 /// Runs `ops` in one function call; returns each one's result with its
 /// reply channel.
-async fn send(mut conn: ConnectionManager, tag: &str, library: &Library, ops: Vec<Op>) -> Done {
-    match call(&mut conn, tag, library, Function::Any, &ops).await {
+async fn send(mut conn: ConnectionManager, call: Call, ops: Vec<Op>) -> Done {
+    match call.run(&mut conn, Function::Any, &ops).await {
         // Redis is over maxmemory and refused the call before it ran: the
         // puts are refused, the rest go again in the function that may run.
         Err(e) if e.code() == Some("OOM") => {
@@ -105,7 +171,7 @@ async fn send(mut conn: ConnectionManager, tag: &str, library: &Library, ops: Ve
                 .map(|op| (op.reply, Err(StoreError::OutOfMemory)))
                 .collect();
             if !rest.is_empty() {
-                let result = call(&mut conn, tag, library, Function::Drain, &rest).await;
+                let result = call.run(&mut conn, Function::Drain, &rest).await;
                 done.extend(answers(rest, result));
             }
             done
@@ -114,36 +180,41 @@ async fn send(mut conn: ConnectionManager, tag: &str, library: &Library, ops: Ve
     }
 }
 
-/// One call of `function` running `ops`, in order.
-async fn call(
-    conn: &mut ConnectionManager,
-    tag: &str,
-    library: &Library,
-    function: Function,
-    ops: &[Op],
-) -> Result<Vec<Value>, RedisError> {
-    let mut cmd = redis::cmd("FCALL");
-    // One declared key, so a cluster-aware client routes the call to the
-    // node of the prefix's hash slot, where every key it touches lives.
-    cmd.arg(library.function(function))
-        .arg(1)
-        .arg(format!("{tag}jobs"))
-        .arg(tag);
-    for op in ops {
-        cmd.arg(op.name).arg(op.args.len());
-        for arg in &op.args {
-            cmd.arg(arg.as_slice());
+impl Call {
+    /// One call of `function` running `ops`, in order.
+    async fn run(
+        &self,
+        conn: &mut ConnectionManager,
+        function: Function,
+        ops: &[Op],
+    ) -> Result<Vec<Value>, RedisError> {
+        let puts = ops.iter().filter(|op| op.kind == Kind::Puts).count();
+        let mut cmd = redis::cmd("FCALL");
+        // One declared key, so a cluster-aware client routes the call to
+        // the node of the prefix's hash slot, where every key it touches
+        // lives.
+        cmd.arg(self.library.function(function))
+            .arg(1)
+            .arg(format!("{}jobs", self.tag))
+            .arg(&*self.tag)
+            .arg(puts);
+        let mut scratch = String::new();
+        for op in ops {
+            cmd.arg(op.name);
+            for arg in &op.args {
+                arg.write(&mut cmd, &self.process, &mut scratch);
+            }
         }
+        let result = cmd.query_async(conn).await;
+        if matches!(&result, Err(e) if e.to_string().contains("Function not found")) {
+            // Redis lost the library (a restart without persistence, or a
+            // FUNCTION FLUSH); the call did not run, so it is safe to repeat.
+            info!("loading delayq's function library into Redis");
+            load(conn, &self.library).await?;
+            return cmd.query_async(conn).await;
+        }
+        result
     }
-    let result = cmd.query_async(conn).await;
-    if matches!(&result, Err(e) if e.to_string().contains("Function not found")) {
-        // Redis lost the library (a restart without persistence, or a
-        // FUNCTION FLUSH); the call did not run, so it is safe to repeat.
-        info!("loading delayq's function library into Redis");
-        load(conn, library).await?;
-        return cmd.query_async(conn).await;
-    }
-    result
 }
 
 /// Each operation's reply channel with its part of a call's result.

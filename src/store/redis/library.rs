@@ -151,10 +151,10 @@ pub fn bench_call(op: &str, n: usize) -> Option<(String, Vec<Vec<u8>>)> {
         b"1".to_vec(),
         format!("{tag}jobs").into(),
         tag.into(),
+        (if op == "put" { n } else { 0 }).to_string().into(),
     ];
     for _ in 0..n {
         command.push(op.into());
-        command.push(args.len().to_string().into());
         command.extend(args.iter().map(|a| a.to_vec()));
     }
     Some((library.source, command))

@@ -27,7 +27,7 @@ mod library;
 
 pub use library::bench_call;
 
-use batch::Op;
+use batch::{Arg, Op};
 use library::{Kind, Library};
 
 use super::{
@@ -60,16 +60,6 @@ pub struct RedisStore {
     _listener: DropGuard,
 }
 
-/// Script arguments, each turned into the bytes Redis receives.
-macro_rules! args {
-    ($($arg:expr),* $(,)?) => {{
-        #[allow(unused_mut)]
-        let mut args: Vec<Vec<u8>> = Vec::new();
-        $(args.extend(redis::ToRedisArgs::to_redis_args($arg));)*
-        args
-    }};
-}
-
 fn fail(e: RedisError) -> StoreError {
     if e.code() == Some("OOM") {
         StoreError::OutOfMemory
@@ -86,34 +76,72 @@ fn parse<T: FromRedisValue>(v: Value) -> StoreResult<T> {
     redis::from_redis_value(v).map_err(|e| corrupt(&e.to_string()))
 }
 
-fn job_id(raw: &str) -> StoreResult<JobId> {
-    JobId::parse(raw.as_bytes()).ok_or_else(|| corrupt("job id"))
+/// A job id as the scripts return it: a server id as a number, a
+/// client-chosen one as text.
+fn job_id(v: Value) -> StoreResult<JobId> {
+    match v {
+        Value::Int(n) => u64::try_from(n)
+            .map(JobId::Server)
+            .map_err(|_| corrupt("job id")),
+        Value::BulkString(raw) => JobId::parse(&raw).ok_or_else(|| corrupt("job id")),
+        _ => Err(corrupt("job id")),
+    }
 }
 
 fn tube(raw: &str) -> StoreResult<Tube> {
     Tube::parse(raw.as_bytes()).ok_or_else(|| corrupt("tube name"))
 }
 
+/// A tube name as the scripts return it; one of `known` if it is one, so
+/// that the usual reply costs no allocation.
+fn returned_tube(v: Value, known: &[Tube]) -> StoreResult<Tube> {
+    let Value::BulkString(raw) = v else {
+        return Err(corrupt("tube name"));
+    };
+    match known
+        .iter()
+        .find(|t| t.as_str().as_bytes() == raw.as_slice())
+    {
+        Some(t) => Ok(t.clone()),
+        None => Tube::parse(&raw).ok_or_else(|| corrupt("tube name")),
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn job_body((id, t, body): (String, String, Vec<u8>)) -> StoreResult<JobBody> {
-    Ok(JobBody {
-        id: job_id(&id)?,
-        tube: tube(&t)?,
+/// A job as the scripts return it, `{id, tube, body, ...}`, or nothing;
+/// what follows the body is left in `rest`.
+fn job_body(v: Value, known: &[Tube]) -> StoreResult<Option<(JobBody, Vec<Value>)>> {
+    let fields = match v {
+        Value::Nil => return Ok(None),
+        Value::Array(fields) => fields,
+        _ => return Err(corrupt("a job")),
+    };
+    let mut fields = fields.into_iter();
+    let (Some(id), Some(t), Some(Value::BulkString(body))) =
+        (fields.next(), fields.next(), fields.next())
+    else {
+        return Err(corrupt("a job"));
+    };
+    let job = JobBody {
+        id: job_id(id)?,
+        tube: returned_tube(t, known)?,
         body: Bytes::from(body),
-    })
+    };
+    Ok(Some((job, fields.collect())))
 }
 
-fn reserved(got: Option<(String, String, Vec<u8>, u64)>) -> StoreResult<Option<Reserved>> {
-    got.map(|(id, t, body, ttr)| {
-        Ok(Reserved {
-            job: job_body((id, t, body))?,
-            ttr: Duration::from_millis(ttr),
-        })
-    })
-    .transpose()
+fn reserved(v: Value, known: &[Tube]) -> StoreResult<Option<Reserved>> {
+    let Some((job, rest)) = job_body(v, known)? else {
+        return Ok(None);
+    };
+    let [ttr] = <[Value; 1]>::try_from(rest).map_err(|_| corrupt("a reserved job"))?;
+    Ok(Some(Reserved {
+        job,
+        ttr: Duration::from_millis(parse(ttr)?),
+    }))
 }
 
 impl RedisStore {
@@ -150,7 +178,7 @@ impl RedisStore {
         let library = Library::new();
         batch::load(&mut conn, &library).await.map_err(fail)?;
         let (queue, ops) = mpsc::unbounded_channel();
-        tokio::spawn(batch::run(conn, tag, library, ops));
+        tokio::spawn(batch::run(conn, tag, process.clone(), library, ops));
         let store = RedisStore {
             process,
             queue,
@@ -163,17 +191,8 @@ impl RedisStore {
         Ok(store)
     }
 
-    fn owner(&self, conn: ConnId) -> String {
-        format!("{}:{conn}", self.process)
-    }
-
-    /// Runs the operation `name` with `args` in the next call of its `kind`.
-    async fn op<T: FromRedisValue>(
-        &self,
-        kind: Kind,
-        name: &'static str,
-        args: Vec<Vec<u8>>,
-    ) -> StoreResult<T> {
+    /// Runs the operation `name` with `args` in the next call.
+    async fn op(&self, kind: Kind, name: &'static str, args: Vec<Arg>) -> StoreResult<Value> {
         let (reply, result) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the batch sender has stopped".into());
         self.queue
@@ -184,25 +203,17 @@ impl RedisStore {
                 reply,
             })
             .map_err(|_| stopped())?;
-        parse(result.await.map_err(|_| stopped())??)
+        result.await.map_err(|_| stopped())?
     }
 
     /// A move of existing jobs (or any write that is not a put).
-    async fn write<T: FromRedisValue>(
-        &self,
-        name: &'static str,
-        args: Vec<Vec<u8>>,
-    ) -> StoreResult<T> {
-        self.op(Kind::Moves, name, args).await
+    async fn write<T: FromRedisValue>(&self, name: &'static str, args: Vec<Arg>) -> StoreResult<T> {
+        parse(self.op(Kind::Moves, name, args).await?)
     }
 
     /// A read.
-    async fn read<T: FromRedisValue>(
-        &self,
-        name: &'static str,
-        args: Vec<Vec<u8>>,
-    ) -> StoreResult<T> {
-        self.op(Kind::Reads, name, args).await
+    async fn read<T: FromRedisValue>(&self, name: &'static str, args: Vec<Arg>) -> StoreResult<T> {
+        parse(self.op(Kind::Reads, name, args).await?)
     }
 }
 
@@ -271,46 +282,46 @@ async fn listen(
 
 impl Store for RedisStore {
     async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
-        let name = job.id.as_deref().unwrap_or("");
-        let (inserted, id): (i64, String) = self
-            .op(
-                Kind::Puts,
-                "put",
-                args![
-                    &job.tube.as_str(),
-                    &name,
-                    &job.pri,
-                    &millis(job.delay),
-                    &millis(job.ttr),
-                    &job.body.as_ref(),
-                ],
-            )
-            .await?;
-        let id = job_id(&id)?;
-        Ok(if inserted == 1 {
-            PutOutcome::Inserted(id)
-        } else {
-            PutOutcome::Exists(id)
-        })
+        let name = job.id.clone();
+        let args = vec![
+            Arg::Tube(job.tube),
+            match &job.id {
+                Some(name) => Arg::Text(name.to_string()),
+                None => Arg::Static(""),
+            },
+            Arg::Int(job.pri.into()),
+            Arg::Int(millis(job.delay)),
+            Arg::Int(millis(job.ttr)),
+            Arg::Body(job.body),
+        ];
+        let got = self.op(Kind::Puts, "put", args).await?;
+        match (got, name) {
+            (Value::Int(0), Some(name)) => Ok(PutOutcome::Exists(JobId::Client(name))),
+            (Value::BulkString(_), Some(name)) => Ok(PutOutcome::Inserted(JobId::Client(name))),
+            (got @ Value::Int(_), None) => Ok(PutOutcome::Inserted(job_id(got)?)),
+            _ => Err(corrupt("put")),
+        }
     }
 
     async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
-        let owner = self.owner(conn);
-        let mut args = args![&owner];
-        args.extend(tubes.iter().map(|t| t.as_str().as_bytes().to_vec()));
-        reserved(self.write("reserve", args).await?)
+        let names = match tubes {
+            [one] => Arg::Tube(one.clone()),
+            _ => Arg::Text(tubes.iter().map(Tube::as_str).collect::<Vec<_>>().join(" ")),
+        };
+        let got = self
+            .op(Kind::Moves, "reserve", vec![Arg::Owner(conn), names])
+            .await?;
+        reserved(got, tubes)
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        reserved(self.write("reserve_job", args![&owner, &id]).await?)
+        let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
+        reserved(self.op(Kind::Moves, "reserve_job", args).await?, &[])
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        self.write::<i64>("give_back", args![&owner, &id])
-            .await
-            .map(drop)
+        let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
+        self.write::<i64>("give_back", args).await.map(drop)
     }
 
     async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
@@ -328,22 +339,25 @@ impl Store for RedisStore {
         pri: u32,
         delay: Duration,
     ) -> StoreResult<Option<Tube>> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        let t: Option<String> = self
-            .write("release", args![&owner, &id, &pri, &millis(delay)])
-            .await?;
+        let args = vec![
+            Arg::Owner(conn),
+            Arg::Id(id.clone()),
+            Arg::Int(pri.into()),
+            Arg::Int(millis(delay)),
+        ];
+        let t: Option<String> = self.write("release", args).await?;
         t.as_deref().map(tube).transpose()
     }
 
     async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self.write("bury", args![&owner, &id, &pri]).await?;
+        let args = vec![Arg::Owner(conn), Arg::Id(id.clone()), Arg::Int(pri.into())];
+        let n: i64 = self.write("bury", args).await?;
         Ok(n == 1)
     }
 
     async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        let ttr: Option<u64> = self.write("touch", args![&owner, &id]).await?;
+        let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
+        let ttr: Option<u64> = self.write("touch", args).await?;
         Ok(ttr.map(Duration::from_millis))
     }
 
@@ -351,9 +365,8 @@ impl Store for RedisStore {
         let (mut kicked, mut kind) = (0, String::new());
         while kicked < bound {
             let batch = (bound - kicked).min(BATCH);
-            let (n, k): (u64, String) = self
-                .write("kick", args![&t.as_str(), &batch, &kind])
-                .await?;
+            let args = vec![Arg::Tube(t.clone()), Arg::Int(batch), Arg::Text(kind)];
+            let (n, k): (u64, String) = self.write("kick", args).await?;
             kicked += n;
             kind = k;
             if n < batch {
@@ -364,30 +377,31 @@ impl Store for RedisStore {
     }
 
     async fn kick_job(&self, id: &JobId) -> StoreResult<Option<Tube>> {
-        let id = id.to_string();
-        let t: Option<String> = self.write("kick_job", args![&id]).await?;
+        let t: Option<String> = self.write("kick_job", vec![Arg::Id(id.clone())]).await?;
         t.as_deref().map(tube).transpose()
     }
 
     async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
-        self.peek_by("id", &id.to_string()).await
+        self.peek_by("id", Arg::Id(id.clone()), &[]).await
     }
 
     async fn peek_ready(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        self.peek_by("ready", t.as_str()).await
+        self.peek_by("ready", Arg::Tube(t.clone()), std::slice::from_ref(t))
+            .await
     }
 
     async fn peek_delayed(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        self.peek_by("delayed", t.as_str()).await
+        self.peek_by("delayed", Arg::Tube(t.clone()), std::slice::from_ref(t))
+            .await
     }
 
     async fn peek_buried(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        self.peek_by("buried", t.as_str()).await
+        self.peek_by("buried", Arg::Tube(t.clone()), std::slice::from_ref(t))
+            .await
     }
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
-        let id = id.to_string();
-        let got: Option<Vec<Value>> = self.read("stats_job", args![&id]).await?;
+        let got: Option<Vec<Value>> = self.read("stats_job", vec![Arg::Id(id.clone())]).await?;
         let Some(v) = got else {
             return Ok(None);
         };
@@ -415,7 +429,7 @@ impl Store for RedisStore {
             _ => return Err(corrupt("job state")),
         };
         Ok(Some(JobStats {
-            id: job_id(&parse::<String>(id)?)?,
+            id: job_id(id)?,
             tube: tube(&parse::<String>(t)?)?,
             state,
             pri: parse(pri)?,
@@ -432,7 +446,7 @@ impl Store for RedisStore {
     }
 
     async fn stats_tube(&self, t: &Tube) -> StoreResult<Option<TubeStats>> {
-        let got: Option<Vec<u64>> = self.read("stats_tube", args![&t.as_str()]).await?;
+        let got: Option<Vec<u64>> = self.read("stats_tube", vec![Arg::Tube(t.clone())]).await?;
         let Some(v) = got else {
             return Ok(None);
         };
@@ -470,7 +484,7 @@ impl Store for RedisStore {
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {
-        let v: Vec<u64> = self.read("stats", args![]).await?;
+        let v: Vec<u64> = self.read("stats", Vec::new()).await?;
         let [
             urgent,
             ready,
@@ -496,23 +510,28 @@ impl Store for RedisStore {
     }
 
     async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
-        let names: Vec<String> = self.read("list_tubes", args![]).await?;
+        let names: Vec<String> = self.read("list_tubes", Vec::new()).await?;
         names.iter().map(|n| tube(n)).collect()
     }
 
     async fn pause_tube(&self, t: &Tube, delay: Duration) -> StoreResult<bool> {
-        let n: i64 = self
-            .write("pause_tube", args![&t.as_str(), &millis(delay)])
-            .await?;
+        let args = vec![Arg::Tube(t.clone()), Arg::Int(millis(delay))];
+        let n: i64 = self.write("pause_tube", args).await?;
         Ok(n == 1)
     }
 
     async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
-        let owner = self.owner(conn);
         let mut tubes = Vec::new();
         for chunk in held.chunks(BATCH as usize) {
-            let mut args = args![&owner];
-            args.extend(chunk.iter().map(|id| id.to_string().into_bytes()));
+            let ids = chunk
+                .iter()
+                .map(|id| match id {
+                    JobId::Server(n) => format!("#{n:012x}"),
+                    JobId::Client(name) => name.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            let args = vec![Arg::Owner(conn), Arg::Text(ids)];
             let got: Vec<String> = self.write("release_all", args).await?;
             for t in got {
                 let t = tube(&t)?;
@@ -525,7 +544,8 @@ impl Store for RedisStore {
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
-        let v: Vec<Value> = self.write("tick", args![&BATCH, &self.process]).await?;
+        let args = vec![Arg::Int(BATCH), Arg::Text(self.process.clone())];
+        let v: Vec<Value> = self.write("tick", args).await?;
         let mut v = v.into_iter();
         let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
         let ready = v
@@ -556,16 +576,24 @@ impl Store for RedisStore {
 
 impl RedisStore {
     /// `delete` or `finish` (`mode`), one script with the rule as argument.
-    async fn remove(&self, conn: ConnId, id: &JobId, mode: &str) -> StoreResult<bool> {
-        let (owner, id) = (self.owner(conn), id.to_string());
-        let n: i64 = self.write("delete", args![&owner, &id, &mode]).await?;
+    async fn remove(&self, conn: ConnId, id: &JobId, mode: &'static str) -> StoreResult<bool> {
+        let args = vec![Arg::Owner(conn), Arg::Id(id.clone()), Arg::Static(mode)];
+        let n: i64 = self.write("delete", args).await?;
         Ok(n == 1)
     }
 
-    /// `peek` by id (`mode` "id") or the first job of a tube's state index.
-    async fn peek_by(&self, mode: &str, arg: &str) -> StoreResult<Option<JobBody>> {
-        let got: Option<_> = self.read("peek", args![&mode, &arg]).await?;
-        got.map(job_body).transpose()
+    /// `peek` by id (`mode` "id") or the first job of a tube's state index;
+    /// `known` are tubes the job may be in.
+    async fn peek_by(
+        &self,
+        mode: &'static str,
+        arg: Arg,
+        known: &[Tube],
+    ) -> StoreResult<Option<JobBody>> {
+        let got = self
+            .op(Kind::Reads, "peek", vec![Arg::Static(mode), arg])
+            .await?;
+        Ok(job_body(got, known)?.map(|(job, _)| job))
     }
 
     async fn tube_ref(&self, t: &Tube, how: TubeRef, delta: i64) -> StoreResult<()> {
@@ -573,11 +601,12 @@ impl RedisStore {
             TubeRef::Using => "u",
             TubeRef::Watching => "w",
         };
-        self.write::<i64>(
-            "tube_ref",
-            args![&self.process, &t.as_str(), &field, &delta],
-        )
-        .await
-        .map(drop)
+        let args = vec![
+            Arg::Text(self.process.clone()),
+            Arg::Tube(t.clone()),
+            Arg::Static(field),
+            Arg::Text(delta.to_string()),
+        ];
+        self.write::<i64>("tube_ref", args).await.map(drop)
     }
 }
