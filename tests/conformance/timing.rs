@@ -8,6 +8,7 @@ use crate::support::SEC;
 
 backend_tests!(
     delayed_job_is_not_reservable_before_its_delay,
+    delayed_jobs_are_never_early_by_a_fraction_of_a_millisecond,
     reserve_with_timeout_zero_answers_at_once,
     reserve_with_timeout_one_times_out_after_a_second,
     blocked_reserve_is_answered_by_a_put_from_another_connection,
@@ -39,13 +40,39 @@ async fn delayed_job_is_not_reservable_before_its_delay(backend: Backend) {
     assert_eq!(c.cmd("peek-ready").await, "NOT_FOUND");
     let job = c.reserved("reserve-with-timeout 5").await;
     assert_eq!(job.body, b"later");
-    assert_between(
-        "delayed delivery",
-        put_at.elapsed(),
-        SEC.mul_f32(0.9),
-        3 * SEC,
-    );
+    // Never early, not even by a fraction of a millisecond: `put_at` was
+    // taken before the put was sent.
+    assert_between("delayed delivery", put_at.elapsed(), SEC, 3 * SEC);
     assert_eq!(c.stats_job(id).await.get("state"), "reserved");
+}
+
+/// Jobs put at odd fractions of a millisecond each come out no sooner than
+/// their whole delay after their put was sent: an engine that rounds the
+/// instant of a put down to its clock's tick would hand most of them out
+/// early.
+async fn delayed_jobs_are_never_early_by_a_fraction_of_a_millisecond(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut producer = server.client().await;
+    let mut worker = server.client().await;
+    let mut sent = std::collections::HashMap::new();
+    for k in 0..20u64 {
+        let at = Instant::now();
+        let id = producer.put_ok(0, 1, 60, b"due").await;
+        sent.insert(id.to_string(), at);
+        tokio::time::sleep(Duration::from_micros(137 * (k % 7))).await;
+    }
+    for _ in 0..20 {
+        let job = worker.reserved("reserve-with-timeout 5").await;
+        let early = sent[&job.id] + SEC;
+        let now = Instant::now();
+        assert!(
+            now >= early,
+            "job {} came {:?} before its delay was up",
+            job.id,
+            early - now
+        );
+        assert_eq!(worker.cmd(&format!("delete {}", job.id)).await, "DELETED");
+    }
 }
 
 async fn reserve_with_timeout_zero_answers_at_once(backend: Backend) {
