@@ -49,12 +49,13 @@ local URGENT = 1024
 -- share is done once: counters are summed and written at the end, tubes are
 -- announced once, and the checks for tubes left unused run once at the end.
 
--- The call's instant in ms: `clock` rounded down, `clock_up` rounded up.
-local clock, clock_up
+-- The call's instant in ms: `clock` rounded down, `clock_up` rounded up;
+-- `clock_us` in microseconds.
+local clock, clock_up, clock_us
 local function read_clock()
   local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  clock, clock_up = math.floor(us / 1000), math.ceil(us / 1000)
+  clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  clock, clock_up = math.floor(clock_us / 1000), math.ceil(clock_us / 1000)
 end
 
 local function now_ms()

@@ -4,8 +4,10 @@
 -- process's alive mark and forgets the processes whose mark expired: their
 -- tube users stop counting, and tubes left with no users or jobs go away.
 -- Args: batch, process
--- Returns {next, tube...}: ms until the next due time (0: call again now;
--- -1: nothing pending), then the tubes that got ready jobs.
+-- Returns {next, tube...}: microseconds until the next due time (0: call
+-- again now; -1: nothing pending), then the tubes that got ready jobs. Due
+-- times are whole milliseconds; the wait is counted to the microsecond, so
+-- the timer wakes as the millisecond begins, not up to one later.
 local function heartbeat(process)
   alive(process)
   for _, other in ipairs(redis.call('SMEMBERS', P .. 'processes')) do
@@ -25,14 +27,21 @@ local function ticked(next_ms)
   return out
 end
 
+-- A delay bucket is opened this many seconds before its second begins, so
+-- that the work of opening a full one is done while its jobs are not yet
+-- due, a few hundred at a time between other calls, and never holds up a
+-- job that is.
+local OPEN_AHEAD = 1
+
 -- Moves the due jobs of one tube; returns the budget left, negative or zero
 -- if it ran out before the tube was done.
 local function move_due(tube, now, budget)
   local buckets, soon = tube_key('delayed', tube), tube_key('soon', tube)
-  local this_second = math.floor(now / 1000)
-  -- Open the buckets whose second has begun: their jobs go into the tube's
-  -- `soon` set, ordered to the millisecond, so no tick scans a whole bucket.
-  for _, second in ipairs(redis.call('ZRANGEBYSCORE', buckets, '-inf', this_second, 'LIMIT', 0, budget)) do
+  local open_until = math.floor(now / 1000) + OPEN_AHEAD
+  -- Open the buckets whose second is about to begin: their jobs go into the
+  -- tube's `soon` set, ordered to the millisecond, so no tick scans a whole
+  -- bucket.
+  for _, second in ipairs(redis.call('ZRANGEBYSCORE', buckets, '-inf', open_until, 'LIMIT', 0, budget)) do
     second = tonumber(second)
     local bucket = P .. 'bucket:' .. tube .. ':' .. second
     for _, j in ipairs(bucket_jobs(tube, second, redis.call('SPOP', bucket, budget))) do
@@ -55,7 +64,7 @@ local function move_due(tube, now, budget)
   local next_due = redis.call('ZRANGE', soon, 0, 0, 'WITHSCORES')[2]
   local next_second = redis.call('ZRANGE', buckets, 0, 0)[1]
   if next_second then
-    local at = tonumber(next_second) * 1000
+    local at = (tonumber(next_second) - OPEN_AHEAD) * 1000
     if next_due == nil or at < tonumber(next_due) then next_due = at end
   end
   if next_due == nil then
@@ -102,5 +111,5 @@ OPS.tick = function(batch, process)
     end
   end
   if next_at < 0 then return ticked(-1) end
-  return ticked(math.max(next_at - now, 0))
+  return ticked(math.max(next_at * 1000 - clock_us, 0))
 end

@@ -38,9 +38,13 @@ use crate::error::{StoreError, StoreResult};
 use crate::names::{JobId, Tube};
 use crate::reply::JobBody;
 
-/// Most jobs one script call moves (a tick, a kick, a disconnect), so no
-/// call blocks Redis for long.
+/// Most jobs one script call moves (a kick, a disconnect), so no call
+/// blocks Redis for long.
 const BATCH: u64 = 1000;
+/// Most jobs one tick moves. Smaller than [`BATCH`]: ticks run while
+/// workers wait for the jobs they move, and calls queued behind a tick wait
+/// for all of it.
+const TICK_BATCH: u64 = 250;
 /// How long a Redis call may take before it fails with `INTERNAL_ERROR`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the event listener retries while Redis is unreachable.
@@ -544,7 +548,7 @@ impl Store for RedisStore {
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
-        let args = vec![Arg::Int(BATCH), Arg::Text(self.process.clone())];
+        let args = vec![Arg::Int(TICK_BATCH), Arg::Text(self.process.clone())];
         let v: Vec<Value> = self.write("tick", args).await?;
         let mut v = v.into_iter();
         let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
@@ -553,7 +557,7 @@ impl Store for RedisStore {
             .collect::<StoreResult<_>>()?;
         Ok(Tick {
             ready,
-            next: u64::try_from(next).ok().map(Duration::from_millis),
+            next: u64::try_from(next).ok().map(Duration::from_micros),
         })
     }
 
