@@ -41,8 +41,9 @@ pub struct Opts {
     /// pipeline, lateness: consumer connections.
     #[arg(long, default_value_t = 50)]
     pub consumers: usize,
-    /// pipeline: jobs put but not yet finished, at most.
-    #[arg(long, default_value_t = 1000)]
+    /// pipeline: jobs put but not yet finished, at most (the latency
+    /// measured is mostly the time a job waits behind these).
+    #[arg(long, default_value_t = 100)]
     pub in_flight: usize,
     /// pipeline: puts a producer writes at once.
     #[arg(long, default_value_t = 16)]
