@@ -10,12 +10,16 @@ pub const MAX_JOB_SIZE_CEILING: usize = 1_073_741_824;
 pub struct Config {
     /// Largest job body accepted, in bytes.
     pub max_job_size: usize,
+    /// Most client connections open at once; one more is refused with
+    /// `TOO_MANY_CONNECTIONS` and closed.
+    pub max_connections: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             max_job_size: DEFAULT_MAX_JOB_SIZE,
+            max_connections: 100_000,
         }
     }
 }

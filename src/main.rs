@@ -35,7 +35,16 @@ struct Args {
     /// Prefix of every Redis key delayq uses (it becomes the keys' hash tag).
     #[arg(long, value_name = "PREFIX", default_value = "delayq:")]
     redis_prefix: String,
+    /// Most client connections at once; one more is told
+    /// TOO_MANY_CONNECTIONS and closed. Default: what the open-file limit
+    /// allows, less a few files for delayq's own use.
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
 }
+
+/// Files kept back from the connection limit for delayq's own use: the
+/// listener, Redis connections, the timer, logging.
+const OWN_FILES: usize = 64;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -82,17 +91,33 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    raise_fd_limit();
+    let files = raise_fd_limit();
+    let allowed = files.saturating_sub(OWN_FILES).max(1);
+    let max_connections = match args.max_connections {
+        None => allowed,
+        Some(n) if n > allowed => {
+            warn!(
+                max_connections = n,
+                open_files = files,
+                "--max-connections is above what the open-file limit allows; using {allowed}"
+            );
+            allowed
+        }
+        Some(n) => n,
+    };
     let control = Control::default();
     if let Err(e) = watch_signals(control.clone()) {
         error!(error = %e, "cannot install signal handlers");
         return ExitCode::FAILURE;
     }
     let addr = listener.local_addr().unwrap_or(addr);
-    let config = Config { max_job_size };
+    let config = Config {
+        max_job_size,
+        max_connections,
+    };
     match &args.redis {
         None => {
-            info!(%addr, max_job_size, "delayq listening with the embedded engine");
+            info!(%addr, max_job_size, max_connections, "delayq listening with the embedded engine");
             run(listener, MemoryStore::new(), config, control).await;
         }
         Some(url) => {
@@ -103,7 +128,7 @@ async fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            info!(%addr, max_job_size, prefix = %args.redis_prefix, "delayq listening with the Redis engine");
+            info!(%addr, max_job_size, max_connections, prefix = %args.redis_prefix, "delayq listening with the Redis engine");
             run(listener, store, config, control).await;
         }
     }
@@ -133,25 +158,33 @@ fn watch_signals(control: Control) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Raises the soft limit on open files to the hard one: each client is a
-/// file descriptor, and the usual soft limit of 1024 would cap delayq at
-/// about a thousand connections on a machine that allows many more.
-fn raise_fd_limit() {
+/// Raises the soft limit on open files to the hard one, and returns the
+/// limit in force: each client is a file descriptor, and the usual soft
+/// limit of 1024 would cap delayq at about a thousand connections on a
+/// machine that allows many more.
+fn raise_fd_limit() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit and setrlimit only read and write the struct given.
-    let raised = unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
-            && (limit.rlim_cur >= limit.rlim_max || {
-                limit.rlim_cur = limit.rlim_max;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
-            })
-    };
-    if raised {
-        info!(open_files = limit.rlim_cur, "file descriptor limit");
-    } else {
-        warn!(error = %std::io::Error::last_os_error(), "cannot raise the file descriptor limit");
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            warn!(error = %std::io::Error::last_os_error(), "cannot read the file descriptor limit");
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            } else {
+                warn!(error = %std::io::Error::last_os_error(), "cannot raise the file descriptor limit");
+            }
+        }
     }
+    info!(open_files = limit.rlim_cur, "file descriptor limit");
+    usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
 }

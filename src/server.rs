@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::broker::Broker;
 use crate::config::Config;
@@ -21,6 +22,8 @@ use crate::store::Store;
 
 /// How long shutdown waits for connections to finish what is in flight.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// What a connection over the limit is told before it is closed.
+const TOO_MANY: &[u8] = b"TOO_MANY_CONNECTIONS\r\n";
 
 /// Handles to steer a running server from outside (signals, tests).
 #[derive(Clone, Default)]
@@ -50,17 +53,31 @@ pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, cont
         tracker.spawn(async move { shared.broker.run_events(shutdown).await });
     }
     let next_conn = AtomicU64::new(0);
+    let room = Arc::new(Semaphore::new(
+        shared.config.max_connections.min(Semaphore::MAX_PERMITS),
+    ));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = control.shutdown.cancelled() => break,
         };
         match accepted {
-            Ok((socket, _)) => {
+            Ok((socket, peer)) => {
+                let Ok(permit) = room.clone().try_acquire_owned() else {
+                    // Said at once and without waiting: a fresh socket's
+                    // send buffer is empty. Then it is closed.
+                    let _ = socket.try_write(TOO_MANY);
+                    debug!(%peer, "connection refused: too many connections");
+                    continue;
+                };
                 let _ = socket.set_nodelay(true);
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed) + 1;
                 let shutdown = control.shutdown.clone();
-                tracker.spawn(connection::serve(socket, conn, shared.clone(), shutdown));
+                let shared = shared.clone();
+                tracker.spawn(async move {
+                    connection::serve(socket, conn, shared, shutdown).await;
+                    drop(permit);
+                });
             }
             Err(e) => {
                 // Usually out of file descriptors: back off rather than spin.
