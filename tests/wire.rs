@@ -46,7 +46,10 @@ backend_tests!(
 );
 
 fn small_limit() -> Config {
-    Config { max_job_size: 100 }
+    Config {
+        max_job_size: 100,
+        ..Config::default()
+    }
 }
 
 async fn commands_split_byte_by_byte(backend: Backend) {
