@@ -15,7 +15,9 @@ use crate::conn::{CURRENT, Conn, Gone, Io, figure};
 use crate::ledger::{Delivery, Ledger, Put};
 
 /// Longest a test waits for its workers to drain everything.
-const DRAIN_LIMIT: Duration = Duration::from_secs(20);
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// How long a role waits before trying again after `INTERNAL_ERROR`.
+const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(50);
 
 /// Where a role finds its delayq process: the address changes when the
 /// process is killed and restarted, and becomes `None` when it is killed for
@@ -36,6 +38,15 @@ pub fn job(test: &str, n: usize, ttr: u32) -> Put {
         body: format!("{test}-{n}").into_bytes(),
         delay: u32::try_from(n % 3).expect("small"),
         ttr,
+        named: false,
+    }
+}
+
+/// [`job`], put with its body as its client-chosen id.
+pub fn named_job(test: &str, n: usize, ttr: u32) -> Put {
+    Put {
+        named: true,
+        ..job(test, n, ttr)
     }
 }
 
@@ -67,8 +78,19 @@ pub async fn produce(
         };
         let mut msg = Vec::new();
         for put in chunk {
+            let name = if put.named {
+                format!(" {}", String::from_utf8_lossy(&put.body))
+            } else {
+                String::new()
+            };
             msg.extend_from_slice(
-                format!("put 100 {} {} {}\r\n", put.delay, put.ttr, put.body.len()).as_bytes(),
+                format!(
+                    "put 100 {} {} {}{name}\r\n",
+                    put.delay,
+                    put.ttr,
+                    put.body.len()
+                )
+                .as_bytes(),
             );
             msg.extend_from_slice(&put.body);
             msg.extend_from_slice(b"\r\n");
@@ -82,19 +104,33 @@ pub async fn produce(
         }
         let mut answered = 0;
         let mut died = c.send(&msg).await.is_err();
+        let mut refused = false;
         while !died && answered < chunk.len() {
             match c.line().await {
+                Ok(reply) if reply == "INTERNAL_ERROR" => {
+                    // Redis went away during the put: it may have been
+                    // stored (and its reply lost), or not.
+                    ledger.books().in_doubt.insert(chunk[answered].body.clone());
+                    answered += 1;
+                    refused = true;
+                }
                 Ok(reply) => {
                     let id = reply
                         .strip_prefix("INSERTED ")
                         .unwrap_or_else(|| panic!("{name}: expected INSERTED <id>, got {reply:?}"));
                     let body = chunk[answered].body.clone();
-                    let before = ledger.books().acked.insert(id.to_string(), body);
+                    let mut b = ledger.books();
+                    let before = b.acked.insert(id.to_string(), body);
                     assert!(before.is_none(), "{name}: id {id} acknowledged twice");
+                    b.acked_at.insert(id.to_string(), Instant::now());
                     answered += 1;
                 }
                 Err(Gone) => died = true,
             }
+        }
+        if refused {
+            // Give Redis time to come back rather than spend every job on it.
+            tokio::time::sleep(UNAVAILABLE_PAUSE).await;
         }
         if died {
             ledger
@@ -129,7 +165,7 @@ pub async fn work(
         match outcome {
             Ok(stats) => return Some(stats),
             Err(Gone) => {
-                ledger.books().orphans.extend(held);
+                ledger.orphan(held);
                 ledger.set_holding(&name, 0);
                 next_endpoint(&mut endpoint, &name).await;
             }
@@ -162,6 +198,10 @@ async fn work_on(
             while held.len() > hold {
                 delete_oldest(name, conn, ledger, held).await?;
             }
+        } else if reply == "INTERNAL_ERROR" {
+            // Redis is away; the reserve may have taken a job whose reply
+            // was lost, which comes back when its TTR runs out.
+            tokio::time::sleep(UNAVAILABLE_PAUSE).await;
         } else if reply == "TIMED_OUT" || reply == "DEADLINE_SOON" {
             while !held.is_empty() {
                 delete_oldest(name, conn, ledger, held).await?;
@@ -186,15 +226,27 @@ async fn delete_oldest(
 ) -> Io<()> {
     let d = held.pop_front().expect("a held job");
     ledger.set_holding(name, held.len());
-    match conn.cmd(&format!("delete {}", d.id)).await {
-        Ok(reply) => {
-            assert_eq!(reply, "DELETED", "{name}: delete {}", d.id);
-            ledger.books().deleted.insert(d.id, Instant::now());
-            Ok(())
-        }
-        Err(Gone) => {
-            ledger.books().delete_in_doubt.insert(d.id);
-            Err(Gone)
+    // After an INTERNAL_ERROR the delete may have happened, its reply lost.
+    let mut maybe_done = false;
+    loop {
+        match conn.cmd(&format!("delete {}", d.id)).await {
+            Ok(reply) if reply == "DELETED" => {
+                ledger.books().deleted.insert(d.id, Instant::now());
+                return Ok(());
+            }
+            Ok(reply) if reply == "INTERNAL_ERROR" => {
+                maybe_done = true;
+                tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+            }
+            Ok(reply) if reply == "NOT_FOUND" && maybe_done => {
+                ledger.books().delete_in_doubt.insert(d.id);
+                return Ok(());
+            }
+            Ok(reply) => panic!("{name}: delete {} answered {reply:?}", d.id),
+            Err(Gone) => {
+                ledger.books().delete_in_doubt.insert(d.id);
+                return Err(Gone);
+            }
         }
     }
 }

@@ -10,7 +10,15 @@
 //!
 //! Split into modules: the harness (`conn`, `in_process`, `ledger`,
 //! `load`) and the tests grouped by theme (`restarts`, `timers`,
-//! `redis_down`).
+//! `redis_down`, `durability`).
+//!
+//! CI runs a bounded version of every test. `DELAYQ_SOAK=1` runs the long
+//! one by hand (more faults, more jobs, ten-second outages), and each test
+//! prints what it went through:
+//!
+//! ```text
+//! DELAYQ_SOAK=1 cargo test --release --test redis_faults -- --nocapture --test-threads 1
+//! ```
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -20,6 +28,17 @@ mod in_process;
 mod ledger;
 mod load;
 
+mod durability;
 mod redis_down;
 mod restarts;
 mod timers;
+
+/// Whether this is the long run by hand (`DELAYQ_SOAK` set).
+pub fn soak() -> bool {
+    std::env::var_os("DELAYQ_SOAK").is_some()
+}
+
+/// `ci` normally, `soak` in the long run.
+pub fn scale(ci: usize, soak: usize) -> usize {
+    if crate::soak() { soak } else { ci }
+}

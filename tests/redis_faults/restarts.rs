@@ -11,32 +11,32 @@ use crate::common::Client;
 use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::conn::figure;
-use crate::ledger::Ledger;
+use crate::ledger::{Fault, Ledger};
 use crate::load::{job, join, produce, wait_until, work};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delayq_killed_and_restarted_loses_nothing() {
-    const JOBS: usize = 300;
-    const KILLS: usize = 3;
+    let kills = crate::scale(10, 50);
+    let jobs = 60 * kills;
     let started = Instant::now();
     let redis = RedisServer::start(&[]);
     let mut daemon = Daemon::redis(&redis.url).await;
     let (tx, endpoint) = watch::channel(Some(daemon.addr));
     let ledger = Arc::new(Ledger::default());
-    let jobs = (0..JOBS).map(|n| job("restart", n, 2 + (n % 2) as u32));
+    let puts = (0..jobs).map(|n| job("restart", n, 2 + (n % 2) as u32));
     let producer = tokio::spawn({
         let (endpoint, ledger) = (endpoint.clone(), ledger.clone());
         async move {
             let pace = Duration::from_millis(8);
-            produce("producer", endpoint, ledger, jobs.collect(), 1, pace).await;
+            produce("producer", endpoint, ledger, puts.collect(), 1, pace).await;
         }
     });
     let worker = tokio::spawn(work("worker".into(), endpoint.clone(), ledger.clone(), 3));
 
-    for k in 1..=KILLS {
+    for k in 1..=kills {
         // Kill once a share of the jobs is in, while the worker holds some.
         let ledger = &ledger;
-        let enough = k * JOBS / (KILLS + 1);
+        let enough = k * jobs / (kills + 1);
         wait_until("jobs acknowledged", Duration::from_secs(15), || {
             ledger.acked_count() >= enough
         })
@@ -45,6 +45,7 @@ async fn delayq_killed_and_restarted_loses_nothing() {
             ledger.holding("worker") > 0
         })
         .await;
+        ledger.fault(Fault::Killed);
         daemon.kill();
         daemon = Daemon::redis(&redis.url).await;
         tx.send(Some(daemon.addr)).expect("roles listening");
@@ -56,10 +57,16 @@ async fn delayq_killed_and_restarted_loses_nothing() {
         .expect("the worker's process is never gone for good");
 
     let summary = ledger.check(false);
-    eprintln!("{summary:?} in {:?}", started.elapsed());
+    eprintln!(
+        "delayq SIGKILLed {kills} times under load: {} jobs ledgered, {} lost; \
+         {summary:?} in {:?}",
+        summary.acked,
+        summary.lost.len(),
+        started.elapsed()
+    );
     // With one put in flight at a time, each kill leaves at most one in doubt.
-    assert!(summary.in_doubt <= KILLS, "{summary:?}");
-    assert_eq!(summary.acked + summary.in_doubt, JOBS, "{summary:?}");
+    assert!(summary.in_doubt <= kills, "{summary:?}");
+    assert_eq!(summary.acked + summary.in_doubt, jobs, "{summary:?}");
     assert!(
         summary.orphans > 0,
         "no kill caught the worker holding a job: {summary:?}"
@@ -105,6 +112,7 @@ async fn two_processes_one_killed_the_other_serves_on() {
         ledger.holding("worker-a") > 0
     })
     .await;
+    ledger.fault(Fault::Killed);
     a.kill();
     tx_a.send(None).expect("roles listening");
 
@@ -165,4 +173,76 @@ async fn a_killed_process_leaves_no_tube_users_behind() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// SIGTERM while producers and workers run: each shutdown is graceful (exit
+/// status 0), gives back the jobs its workers held at once, and loses
+/// nothing; a new process carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_under_load_loses_nothing() {
+    let stops = crate::scale(3, 20);
+    let jobs = 100 * stops;
+    let started = Instant::now();
+    let redis = RedisServer::start(&[]);
+    let mut daemon = Daemon::redis(&redis.url).await;
+    let (tx, endpoint) = watch::channel(Some(daemon.addr));
+    let ledger = Arc::new(Ledger::default());
+    // A TTR far longer than the test: a job given back at shutdown must come
+    // back at once, not when its TTR runs out.
+    let puts = (0..jobs).map(|n| job("term", n, 120)).collect();
+    let producer = tokio::spawn({
+        let (endpoint, ledger) = (endpoint.clone(), ledger.clone());
+        async move {
+            produce(
+                "producer",
+                endpoint,
+                ledger,
+                puts,
+                2,
+                Duration::from_millis(8),
+            )
+            .await;
+        }
+    });
+    let worker = tokio::spawn(work("worker".into(), endpoint.clone(), ledger.clone(), 3));
+    for k in 1..=stops {
+        let ledger = &ledger;
+        let enough = k * jobs / (stops + 1);
+        wait_until("jobs acknowledged", Duration::from_secs(15), || {
+            ledger.acked_count() >= enough
+        })
+        .await;
+        wait_until("the worker holds a job", Duration::from_secs(5), || {
+            ledger.holding("worker") > 0
+        })
+        .await;
+        ledger.fault(Fault::Terminated);
+        daemon.signal(libc::SIGTERM);
+        let status = daemon.wait_exit();
+        assert!(status.success(), "SIGTERM {k}: delayq exited with {status}");
+        daemon = Daemon::redis(&redis.url).await;
+        tx.send(Some(daemon.addr)).expect("roles listening");
+    }
+    join("the producer", producer, &ledger).await;
+    ledger.done.store(true, Ordering::SeqCst);
+    let stats = join("the worker", worker, &ledger)
+        .await
+        .expect("the worker's process is never gone for good");
+    let summary = ledger.check(false);
+    eprintln!(
+        "delayq stopped with SIGTERM {stops} times under load: {} jobs ledgered, {} lost; \
+         {summary:?} in {:?}",
+        summary.acked,
+        summary.lost.len(),
+        started.elapsed()
+    );
+    assert!(
+        summary.orphans > 0,
+        "no shutdown caught the worker holding a job: {summary:?}"
+    );
+    assert_eq!(
+        figure(&stats, "total-jobs"),
+        (summary.acked + summary.in_doubt_stored) as u64,
+        "every job stored was acknowledged or in doubt"
+    );
 }
