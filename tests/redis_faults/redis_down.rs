@@ -136,9 +136,12 @@ async fn redis_outage_keeps_clients_and_resumes_blocked_workers() {
     assert_eq!(newcomer.cmd("list-tube-used").await, "USING default");
     internal_error(&mut newcomer, "put 0 0 60 5\r\nlost3").await;
     // The blocked workers hear nothing meanwhile, and stay connected.
-    // 3 s keeps CI quick; DELAYQ_OUTAGE_SECS=10 is the ten seconds.
+    // 3 s keeps CI quick; the soak run (or DELAYQ_OUTAGE_SECS=10) is the
+    // issue's ten seconds.
     let outage_secs = std::env::var("DELAYQ_OUTAGE_SECS").ok();
-    let outage_secs = outage_secs.and_then(|s| s.parse().ok()).unwrap_or(3);
+    let outage_secs = outage_secs
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(crate::scale(3, 10) as u64);
     let quiet = Duration::from_secs(outage_secs).saturating_sub(outage.elapsed());
     worker.expect_silence(quiet / 2).await;
     late_worker.expect_silence(quiet / 2).await;
@@ -166,6 +169,7 @@ async fn redis_outage_keeps_clients_and_resumes_blocked_workers() {
     assert_eq!(s.num("current-waiting"), 0);
     assert_eq!(s.num("current-jobs-reserved"), 2);
     assert_eq!(s.num("total-jobs"), 2, "the refused puts stored nothing");
+    eprintln!("Redis unreachable for {outage_secs} s: clients kept, blocked workers served after");
 }
 
 // A full Redis

@@ -129,7 +129,12 @@ async fn two_processes_one_killed_the_other_serves_on() {
         .expect("worker-b's process lives on");
 
     let summary = ledger.check(false);
-    eprintln!("{summary:?} in {:?}", started.elapsed());
+    eprintln!(
+        "two processes, one SIGKILLed under load: {} jobs ledgered, {} lost; {summary:?} in {:?}",
+        summary.acked,
+        summary.lost.len(),
+        started.elapsed()
+    );
     assert!(summary.orphans > 0, "{summary:?}");
     assert!(summary.per_worker.get("worker-a").copied().unwrap_or(0) > 0);
     assert_eq!(
