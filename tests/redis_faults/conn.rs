@@ -84,6 +84,21 @@ impl Conn {
         Ok((id.to_string(), self.block(len).await?))
     }
 
+    /// Whether the server's storage answers: `stats` needs it, and is
+    /// answered `INTERNAL_ERROR` while it is away.
+    pub async fn storage_answers(&mut self) -> Io<bool> {
+        let line = self.cmd("stats").await?;
+        if line == "INTERNAL_ERROR" {
+            return Ok(false);
+        }
+        let len = line
+            .strip_prefix("OK ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("expected OK <bytes> to stats, got {line:?}"));
+        self.block(len).await?;
+        Ok(true)
+    }
+
     /// `stats`, as a map of its numeric figures.
     pub async fn stats(&mut self) -> Io<HashMap<String, u64>> {
         let line = self.cmd("stats").await?;

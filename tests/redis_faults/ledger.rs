@@ -114,6 +114,11 @@ impl Ledger {
         self.books().acked.len()
     }
 
+    /// Puts sent so far, whatever became of them.
+    pub fn sent_count(&self) -> usize {
+        self.books().sent.len()
+    }
+
     /// Records that the test is about to deal `fault` to a process: the
     /// jobs its workers then find themselves cut off from are orphans of it.
     pub fn fault(&self, fault: Fault) {

@@ -128,9 +128,9 @@ pub async fn produce(
                 Err(Gone) => died = true,
             }
         }
-        if refused {
-            // Give Redis time to come back rather than spend every job on it.
-            tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+        if refused && !died {
+            // Wait for Redis to come back rather than spend every job on it.
+            died = wait_for_storage(c).await.is_err();
         }
         if died {
             ledger
@@ -142,6 +142,16 @@ pub async fn produce(
         }
         tokio::time::sleep(pace).await;
     }
+}
+
+/// Polls until the server's storage answers again.
+async fn wait_for_storage(c: &mut Conn) -> Io<()> {
+    let start = Instant::now();
+    while !c.storage_answers().await? {
+        assert!(start.elapsed() < DRAIN_LIMIT, "the storage never came back");
+        tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+    }
+    Ok(())
 }
 
 /// Reserves and deletes through `endpoint`, keeping up to `hold` jobs

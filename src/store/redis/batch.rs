@@ -13,7 +13,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use bytes::Bytes;
-
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionManager;
@@ -116,15 +115,30 @@ pub(super) async fn run(
     library: Library,
     mut queue: mpsc::UnboundedReceiver<Op>,
 ) {
-    let library = Arc::new(library);
-    let tag = Arc::<str>::from(tag);
-    let process = Arc::<str>::from(process);
+    let call = Call {
+        tag: Arc::from(tag),
+        process: Arc::from(process),
+        library: Arc::new(library),
+    };
     let mut flying = FuturesUnordered::new();
     let mut ops = Vec::with_capacity(MAX_BATCH);
     let mut open = true;
     while open || !flying.is_empty() {
         tokio::select! {
             Some(done) = flying.next(), if !flying.is_empty() => {
+                // The next batch goes out before the connections waiting
+                // on this one are woken, so Redis is not left idle while
+                // they reply.
+                while open && ops.len() < MAX_BATCH {
+                    match queue.try_recv() {
+                        Ok(op) => ops.push(op),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                    }
+                }
+                if !ops.is_empty() {
+                    flying.push(send(conn.clone(), call.clone(), std::mem::take(&mut ops)));
+                }
                 let done: Done = done;
                 for (reply, result) in done {
                     let _ = reply.send(result);
@@ -135,13 +149,7 @@ pub(super) async fn run(
                     open = false;
                     continue;
                 }
-                let batch = std::mem::take(&mut ops);
-                let call = Call {
-                    tag: tag.clone(),
-                    process: process.clone(),
-                    library: library.clone(),
-                };
-                flying.push(send(conn.clone(), call, batch));
+                flying.push(send(conn.clone(), call.clone(), std::mem::take(&mut ops)));
             }
         }
     }
@@ -151,6 +159,7 @@ pub(super) async fn run(
 type Done = Vec<(oneshot::Sender<StoreResult<Value>>, StoreResult<Value>)>;
 
 /// What every call needs to know besides its operations.
+#[derive(Clone)]
 struct Call {
     tag: Arc<str>,
     process: Arc<str>,
