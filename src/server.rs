@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -24,6 +25,10 @@ use crate::store::Store;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// What a connection over the limit is told before it is closed.
 const TOO_MANY: &[u8] = b"TOO_MANY_CONNECTIONS\r\n";
+/// How long a refused connection's input is read and thrown away before it
+/// is closed, and how many refused connections may linger so at once.
+const LINGER: Duration = Duration::from_secs(1);
+const MAX_LINGERING: usize = 64;
 
 /// Handles to steer a running server from outside (signals, tests).
 #[derive(Clone, Default)]
@@ -56,6 +61,7 @@ pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, cont
     let room = Arc::new(Semaphore::new(
         shared.config.max_connections.min(Semaphore::MAX_PERMITS),
     ));
+    let lingering = Arc::new(Semaphore::new(MAX_LINGERING));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -64,10 +70,8 @@ pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, cont
         match accepted {
             Ok((socket, peer)) => {
                 let Ok(permit) = room.clone().try_acquire_owned() else {
-                    // Said at once and without waiting: a fresh socket's
-                    // send buffer is empty. Then it is closed.
-                    let _ = socket.try_write(TOO_MANY);
                     debug!(%peer, "connection refused: too many connections");
+                    refuse(socket, &lingering, &tracker);
                     continue;
                 };
                 let _ = socket.set_nodelay(true);
@@ -96,4 +100,30 @@ pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, cont
     {
         warn!("connections still busy after {SHUTDOWN_GRACE:?}; stopping anyway");
     }
+}
+
+/// Tells a connection over the limit so and closes it.
+///
+/// Closing a socket whose input was never read makes the kernel send a
+/// reset, which can destroy the refusal before the client has read it (a
+/// client that sends a command as soon as it connects would see only
+/// "connection reset"). So the refusal is followed by an orderly end of
+/// output, and what the client sends is read and dropped for a moment
+/// before the close. Only a few refusals linger at once, so a flood of them
+/// cannot use up the file descriptors the limit is there to keep.
+fn refuse(socket: TcpStream, lingering: &Arc<Semaphore>, tracker: &TaskTracker) {
+    // Said at once and without waiting: a fresh socket's send buffer is
+    // empty.
+    let _ = socket.try_write(TOO_MANY);
+    let Ok(permit) = lingering.clone().try_acquire_owned() else {
+        return;
+    };
+    tracker.spawn(async move {
+        let mut socket = socket;
+        let _ = socket.shutdown().await;
+        let mut sink = [0u8; 1024];
+        let drain = async { while let Ok(1..) = socket.read(&mut sink).await {} };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+        drop(permit);
+    });
 }

@@ -126,6 +126,11 @@ impl TestServer {
         }
     }
 
+    /// The URL of the server's own Redis, on the Redis backend.
+    pub fn redis_url(&self) -> Option<&str> {
+        self.redis.as_ref().map(|r| r.url.as_str())
+    }
+
     /// A new client connection.
     pub async fn client(&self) -> Client {
         Client::connect(self.addr).await

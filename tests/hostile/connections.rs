@@ -1,0 +1,187 @@
+//! More connections than the server allows are refused politely, and ten
+//! thousand at once are all held and served.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use delayq::config::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::daemon::Daemon;
+use crate::common::redis::RedisServer;
+use crate::common::{Backend, Client, TestServer};
+
+backend_tests!(
+    beyond_max_connections_a_client_is_refused_politely,
+    ten_thousand_connections_at_once,
+);
+
+async fn beyond_max_connections_a_client_is_refused_politely(backend: Backend) {
+    let limit = 10;
+    let config = Config {
+        max_connections: limit,
+        ..Config::default()
+    };
+    let server = TestServer::start_with(backend, config).await;
+    let mut held = Vec::new();
+    for _ in 0..limit {
+        let mut c = server.client().await;
+        c.ping().await;
+        held.push(c);
+    }
+    // One over: told why, then closed, whatever it sends.
+    let mut extra = server.client().await;
+    assert_eq!(extra.line().await, "TOO_MANY_CONNECTIONS");
+    assert_eq!(extra.expect_closed().await, b"");
+    let mut extra = server.client().await;
+    extra.send(b"put 0 0 60 1\r\nx\r\n").await;
+    assert_eq!(extra.line().await, "TOO_MANY_CONNECTIONS");
+    extra.expect_closed().await;
+
+    // The ones held are unaffected.
+    for c in &mut held {
+        c.ping().await;
+    }
+    // One leaves: its place is free again (once the server has noticed).
+    drop(held.pop());
+    crate::eventually(
+        "a freed slot is offered again",
+        Duration::from_secs(5),
+        async || {
+            let mut c = server.client().await;
+            c.send_line("list-tube-used").await;
+            match c.line().await.as_str() {
+                "USING default" => {
+                    held.push(c);
+                    true
+                }
+                "TOO_MANY_CONNECTIONS" => false,
+                other => panic!("unexpected reply {other:?}"),
+            }
+        },
+    )
+    .await;
+    assert_eq!(held.len(), limit);
+    let mut extra = server.client().await;
+    assert_eq!(extra.line().await, "TOO_MANY_CONNECTIONS");
+    let stats = held[0].stats().await;
+    assert_eq!(stats.num("current-connections"), limit as u64);
+}
+
+/// Ten thousand connections, each blocked in `reserve-with-timeout`, on the
+/// real binary with its default limit; then a thousand jobs, each delivered
+/// to exactly one of them.
+async fn ten_thousand_connections_at_once(backend: Backend) {
+    // One backend at a time: both at once would need twice the descriptors.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let fds = crate::raise_fd_limit();
+    // The test holds its end of every connection; leave room for the rest.
+    let n = 10_000.min(fds.saturating_sub(200) as usize);
+    if n < 10_000 {
+        println!("open-file limit {fds}: trying {n} connections, not 10,000");
+    }
+    let jobs = 1_000.min(n);
+    let redis = (backend == Backend::Redis).then(|| RedisServer::start(&[]));
+    let daemon = match &redis {
+        Some(r) => Daemon::redis(&r.url).await,
+        None => Daemon::start(&[]).await,
+    };
+    let rss_before = crate::rss_bytes(daemon.child.id());
+
+    let delivered = Arc::new(AtomicU64::new(0));
+    let timed_out = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut workers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let delivered = delivered.clone();
+        let timed_out = timed_out.clone();
+        let addr = daemon.addr;
+        workers.push(tokio::spawn(async move {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"reserve-with-timeout 120\r\n")
+                .await
+                .expect("write");
+            // Whatever comes first is the whole answer: a job of
+            // `RESERVED <id> 1\r\nj\r\n` or `TIMED_OUT\r\n`.
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            while !(got.ends_with(b"\r\nj\r\n") || got == b"TIMED_OUT\r\n") {
+                let k = s.read(&mut buf).await.expect("read");
+                assert!(k > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+                got.extend_from_slice(&buf[..k]);
+            }
+            if got.starts_with(b"RESERVED ") {
+                delivered.fetch_add(1, Ordering::SeqCst);
+            } else {
+                timed_out.fetch_add(1, Ordering::SeqCst);
+            }
+            s
+        }));
+    }
+    let mut c = daemon.client().await;
+    crate::eventually(
+        "every connection is blocked in reserve",
+        Duration::from_secs(60),
+        async || c.stats().await.num("current-waiting") == n as u64,
+    )
+    .await;
+    let all_waiting = start.elapsed();
+    let stats = c.stats().await;
+    assert_eq!(stats.num("current-connections"), n as u64 + 1);
+    let rss_waiting = crate::rss_bytes(daemon.child.id());
+
+    let put_at = Instant::now();
+    let mut batch = Vec::new();
+    for _ in 0..jobs {
+        batch.extend_from_slice(b"put 0 0 60 1\r\nj\r\n");
+    }
+    c.send(&batch).await;
+    for _ in 0..jobs {
+        assert!(c.line().await.starts_with("INSERTED "));
+    }
+    crate::eventually("every job delivered", Duration::from_secs(30), async || {
+        delivered.load(Ordering::SeqCst) == jobs as u64
+    })
+    .await;
+    let deliver = put_at.elapsed();
+    let stats = c.stats().await;
+    assert_eq!(stats.num("current-jobs-ready"), 0);
+    assert_eq!(stats.num("current-jobs-reserved"), jobs as u64);
+    assert_eq!(stats.num("current-waiting"), (n - jobs) as u64);
+    assert_eq!(timed_out.load(Ordering::SeqCst), 0);
+
+    // Every connection goes: the server notices each one, and the jobs the
+    // served ones held are ready again. The waiting ones go first, or they
+    // would be handed the jobs the served ones give back.
+    let (served, waiting): (Vec<_>, Vec<_>) = workers.into_iter().partition(|w| w.is_finished());
+    assert_eq!(served.len(), jobs);
+    for w in waiting {
+        w.abort();
+        match w.await {
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => panic!("a waiting worker failed: {e}"),
+            Ok(_) => panic!("a waiting worker was answered after all jobs were served"),
+        }
+    }
+    for w in served {
+        drop(w.await.expect("worker"));
+    }
+    crate::eventually(
+        "the server lets go of closed connections",
+        Duration::from_secs(30),
+        async || c.stats().await.num("current-connections") == 1,
+    )
+    .await;
+    let stats = c.stats().await;
+    assert_eq!(stats.num("current-jobs-ready"), jobs as u64);
+    let mut other = Client::connect(daemon.addr).await;
+    other.ping().await;
+    println!(
+        "{backend:?}: {n} connections blocked in reserve after {all_waiting:.1?}, \
+         {} bytes of RSS each; {jobs} jobs delivered {deliver:.1?} after the put began",
+        (rss_waiting.saturating_sub(rss_before)) / n as u64
+    );
+}

@@ -1,0 +1,77 @@
+//! Hostile clients, on every backend: names and ids made of every byte
+//! value (and, on Redis, proof that none reaches outside delayq's keys),
+//! clients that send a byte at a time, clients that never read their
+//! replies, more connections than the server allows, ten thousand at once,
+//! and random byte streams cut at random points.
+//!
+//! Limits, malformed numbers and framing edge cases are in `tests/wire.rs`;
+//! the codec's own property test (any stream, cut anywhere, never buffers
+//! more than one frame needs) is in `src/codec.rs`.
+//!
+//! CI runs a bounded version. `DELAYQ_SOAK=1` runs the long one by hand
+//! (a byte a second, many more fuzz streams with a fresh seed), and each
+//! test prints what it went through:
+//!
+//! ```text
+//! DELAYQ_SOAK=1 cargo test --release --test hostile -- --nocapture --test-threads 1
+//! ```
+
+#[macro_use]
+#[path = "../common/mod.rs"]
+mod common;
+
+mod connections;
+mod fuzz;
+mod names;
+mod never_reads;
+mod slow;
+
+use std::time::Duration;
+
+/// Whether this is the long run by hand (`DELAYQ_SOAK` set).
+pub fn soak() -> bool {
+    std::env::var_os("DELAYQ_SOAK").is_some()
+}
+
+/// `ci` normally, `soak` in the long run.
+pub fn scale<T>(ci: T, soak: T) -> T {
+    if crate::soak() { soak } else { ci }
+}
+
+/// A process's resident memory, from `/proc`.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kb * 1024
+}
+
+/// Raises this process's open-file limit as far as it may go, and returns
+/// the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain get/setrlimit on our own process with a valid struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    lim.rlim_cur
+}
+
+/// Waits for `f` to hold, checking every 10 ms; fails after `limit`.
+pub async fn eventually(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
