@@ -34,17 +34,7 @@ async fn delayq_killed_and_restarted_loses_nothing() {
     let worker = tokio::spawn(work("worker".into(), endpoint.clone(), ledger.clone(), 3));
 
     for k in 1..=kills {
-        // Kill once a share of the jobs is in, while the worker holds some.
-        let ledger = &ledger;
-        let enough = k * jobs / (kills + 1);
-        wait_until("jobs acknowledged", Duration::from_secs(15), || {
-            ledger.acked_count() >= enough
-        })
-        .await;
-        wait_until("the worker holds a job", Duration::from_secs(5), || {
-            ledger.holding("worker") > 0
-        })
-        .await;
+        fault_moment(&ledger, k, kills, jobs).await;
         ledger.fault(Fault::Killed);
         daemon.kill();
         daemon = Daemon::redis(&redis.url).await;
@@ -211,16 +201,7 @@ async fn sigterm_under_load_loses_nothing() {
     });
     let worker = tokio::spawn(work("worker".into(), endpoint.clone(), ledger.clone(), 3));
     for k in 1..=stops {
-        let ledger = &ledger;
-        let enough = k * jobs / (stops + 1);
-        wait_until("jobs acknowledged", Duration::from_secs(15), || {
-            ledger.acked_count() >= enough
-        })
-        .await;
-        wait_until("the worker holds a job", Duration::from_secs(5), || {
-            ledger.holding("worker") > 0
-        })
-        .await;
+        fault_moment(&ledger, k, stops, jobs).await;
         ledger.fault(Fault::Terminated);
         daemon.signal(libc::SIGTERM);
         let status = daemon.wait_exit();
@@ -250,4 +231,19 @@ async fn sigterm_under_load_loses_nothing() {
         (summary.acked + summary.in_doubt_stored) as u64,
         "every job stored was acknowledged or in doubt"
     );
+}
+
+/// Waits for the `k`th of `faults` moments spread over a run of `jobs`:
+/// once that share of the jobs is acknowledged, and while the worker holds
+/// a job, so the fault catches it mid-work.
+async fn fault_moment(ledger: &Ledger, k: usize, faults: usize, jobs: usize) {
+    let enough = k * jobs / (faults + 1);
+    wait_until("jobs acknowledged", Duration::from_secs(15), || {
+        ledger.acked_count() >= enough
+    })
+    .await;
+    wait_until("the worker holds a job", Duration::from_secs(5), || {
+        ledger.holding("worker") > 0
+    })
+    .await;
 }
