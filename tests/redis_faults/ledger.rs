@@ -119,6 +119,31 @@ impl Ledger {
         self.books().sent.len()
     }
 
+    /// The TTR of a delivered job, as it was put.
+    pub fn ttr(&self, d: &Delivery) -> Duration {
+        Duration::from_secs(self.books().sent[&d.body].0.ttr.into())
+    }
+
+    /// What the books say of job `id`, for a failure message.
+    pub fn history(&self, id: &str) -> String {
+        let b = self.books();
+        let now = Instant::now();
+        let ago = |t: Instant| now - t;
+        let deliveries: Vec<String> = b
+            .deliveries
+            .iter()
+            .filter(|d| d.id == id)
+            .map(|d| format!("{} {:?} ago", d.worker, ago(d.at)))
+            .collect();
+        format!(
+            "acknowledged {:?} ago, deliveries [{}], deleted {:?} ago, delete in doubt: {}",
+            b.acked_at.get(id).map(|&t| ago(t)),
+            deliveries.join(", "),
+            b.deleted.get(id).map(|&t| ago(t)),
+            b.delete_in_doubt.contains(id)
+        )
+    }
+
     /// Records that the test is about to deal `fault` to a process: the
     /// jobs its workers then find themselves cut off from are orphans of it.
     pub fn fault(&self, fault: Fault) {

@@ -203,6 +203,9 @@ async fn work_on(
                 at: Instant::now(),
             };
             ledger.books().deliveries.push(d.clone());
+            // A job held past its TTR (Redis was away longer) can come back
+            // to the same worker: the old hold is over, the new one counts.
+            held.retain(|h| h.id != d.id);
             held.push_back(d);
             ledger.set_holding(name, held.len());
             while held.len() > hold {
@@ -252,9 +255,22 @@ async fn delete_oldest(
                 ledger.books().delete_in_doubt.insert(d.id);
                 return Ok(());
             }
-            Ok(reply) => panic!("{name}: delete {} answered {reply:?}", d.id),
+            // Held past its TTR (Redis was away longer than that): the job
+            // went back to be done again, as it should.
+            Ok(reply) if reply == "NOT_FOUND" && d.asked.elapsed() >= ledger.ttr(&d) => {
+                return Ok(());
+            }
+            Ok(reply) => panic!(
+                "{name}: delete {} answered {reply:?}, {:?} after its reserve; {}",
+                d.id,
+                d.asked.elapsed(),
+                ledger.history(&d.id)
+            ),
             Err(Gone) => {
-                ledger.books().delete_in_doubt.insert(d.id);
+                // Still held as far as anyone knows: whatever became of the
+                // connection's jobs became of this one.
+                ledger.books().delete_in_doubt.insert(d.id.clone());
+                held.push_front(d);
                 return Err(Gone);
             }
         }
