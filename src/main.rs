@@ -11,7 +11,7 @@ use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use delayq::config::{Config, MAX_JOB_SIZE_CEILING};
-use delayq::server::{Control, run};
+use delayq::server::{Control, MAX_LINGERING, raise_fd_limit, run};
 use delayq::store::memory::MemoryStore;
 use delayq::store::redis::RedisStore;
 
@@ -92,7 +92,9 @@ async fn main() -> ExitCode {
         }
     };
     let files = raise_fd_limit();
-    let allowed = files.saturating_sub(OWN_FILES).max(1);
+    info!(open_files = files, "file descriptor limit");
+    // Refused connections linger a moment too, each on a file of its own.
+    let allowed = files.saturating_sub(OWN_FILES + MAX_LINGERING).max(1);
     let max_connections = match args.max_connections {
         None => allowed,
         Some(n) if n > allowed => {
@@ -156,35 +158,4 @@ fn watch_signals(control: Control) -> std::io::Result<()> {
         control.shutdown.cancel();
     });
     Ok(())
-}
-
-/// Raises the soft limit on open files to the hard one, and returns the
-/// limit in force: each client is a file descriptor, and the usual soft
-/// limit of 1024 would cap delayq at about a thousand connections on a
-/// machine that allows many more.
-fn raise_fd_limit() -> usize {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct given.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            warn!(error = %std::io::Error::last_os_error(), "cannot read the file descriptor limit");
-            return 1024;
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            } else {
-                warn!(error = %std::io::Error::last_os_error(), "cannot raise the file descriptor limit");
-            }
-        }
-    }
-    info!(open_files = limit.rlim_cur, "file descriptor limit");
-    usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
 }

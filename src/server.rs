@@ -26,9 +26,11 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// What a connection over the limit is told before it is closed.
 const TOO_MANY: &[u8] = b"TOO_MANY_CONNECTIONS\r\n";
 /// How long a refused connection's input is read and thrown away before it
-/// is closed, and how many refused connections may linger so at once.
+/// is closed.
 const LINGER: Duration = Duration::from_secs(1);
-const MAX_LINGERING: usize = 64;
+/// How many refused connections may linger so at once: file descriptors
+/// the connection limit must leave room for.
+pub const MAX_LINGERING: usize = 64;
 
 /// Handles to steer a running server from outside (signals, tests).
 #[derive(Clone, Default)]
@@ -126,4 +128,36 @@ fn refuse(socket: TcpStream, lingering: &Arc<Semaphore>, tracker: &TaskTracker) 
         let _ = tokio::time::timeout(LINGER, drain).await;
         drop(permit);
     });
+}
+
+/// Raises this process's soft limit on open files to its hard limit, and
+/// returns the limit then in force (1024 if it cannot be read).
+///
+/// Each client is a file descriptor, and the usual soft limit of 1024 would
+/// cap a server (or a load generator, or a test) at about a thousand
+/// connections on a machine that allows many more.
+pub fn raise_fd_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            warn!(error = %std::io::Error::last_os_error(), "cannot read the file descriptor limit");
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            } else {
+                warn!(error = %std::io::Error::last_os_error(), "cannot raise the file descriptor limit");
+            }
+        }
+    }
+    usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
 }

@@ -110,7 +110,9 @@ struct Cli {
 fn main() {
     // `cargo bench` passes `--bench` to every bench without a harness.
     let cli = Cli::parse_from(std::env::args().filter(|a| a != "--bench"));
-    raise_fd_limit();
+    // `conns` opens ten thousand connections, and the servers the bench
+    // starts inherit the limit.
+    delayq::server::raise_fd_limit();
     let runtime = if cli.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -301,20 +303,4 @@ fn print_machine(programs: &Programs) {
     println!("- {}", version(&programs.beanstalkd, "-v"));
     println!("- {}", version(&programs.redis_server, "--version"));
     println!("- delayq: {}", programs.delayq.display());
-}
-
-/// Raises the soft limit on open files to the hard one: `conns` opens ten
-/// thousand connections, and the servers the bench starts inherit the limit.
-fn raise_fd_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct given.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
 }

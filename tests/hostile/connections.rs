@@ -77,9 +77,9 @@ async fn ten_thousand_connections_at_once(backend: Backend) {
     // One backend at a time: both at once would need twice the descriptors.
     static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _turn = ONE_AT_A_TIME.lock().await;
-    let fds = crate::raise_fd_limit();
+    let fds = delayq::server::raise_fd_limit();
     // The test holds its end of every connection; leave room for the rest.
-    let n = 10_000.min(fds.saturating_sub(200) as usize);
+    let n = 10_000.min(fds.saturating_sub(200));
     if n < 10_000 {
         println!("open-file limit {fds}: trying {n} connections, not 10,000");
     }

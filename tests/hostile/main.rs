@@ -51,22 +51,6 @@ pub fn rss_bytes(pid: u32) -> u64 {
     kb * 1024
 }
 
-/// Raises this process's open-file limit as far as it may go, and returns
-/// the limit now in force.
-pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain get/setrlimit on our own process with a valid struct.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max;
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-    }
-    lim.rlim_cur
-}
-
 /// Waits for `f` to hold, checking every 10 ms; fails after `limit`.
 pub async fn eventually(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
     let start = std::time::Instant::now();
