@@ -294,6 +294,20 @@ async fn z_flag_is_capped_at_beanstalkds_ceiling() {
     assert_eq!(c.stats().await.num("max-job-size"), 1_073_741_824);
 }
 
+#[tokio::test]
+async fn max_connections_flag_limits_the_connections() {
+    let daemon = Daemon::start(&["--max-connections", "2"]).await;
+    let mut a = daemon.client().await;
+    // The start-up probe's connection may not be let go of yet.
+    a.wait_stat("current-connections", 1).await;
+    let mut b = daemon.client().await;
+    b.ping().await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.line().await, "TOO_MANY_CONNECTIONS");
+    assert_eq!(c.expect_closed().await, b"");
+    a.ping().await;
+}
+
 /// An evicting Redis loses jobs when full: delayq must say so loudly at
 /// start, and must not with `noeviction`.
 #[test]
