@@ -519,6 +519,17 @@ impl Client {
     }
 }
 
+/// Whether this is the long run by hand (`DELAYQ_SOAK` set), for the tests
+/// that have a bounded CI form and a long one.
+pub fn soak() -> bool {
+    std::env::var_os("DELAYQ_SOAK").is_some()
+}
+
+/// `ci` normally, `soak` in the long run.
+pub fn scale<T>(ci: T, soak: T) -> T {
+    if self::soak() { soak } else { ci }
+}
+
 /// Runs `f` and returns its result with the time it took.
 pub async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
     let start = Instant::now();

@@ -28,15 +28,7 @@ mod slow;
 
 use std::time::Duration;
 
-/// Whether this is the long run by hand (`DELAYQ_SOAK` set).
-pub fn soak() -> bool {
-    std::env::var_os("DELAYQ_SOAK").is_some()
-}
-
-/// `ci` normally, `soak` in the long run.
-pub fn scale<T>(ci: T, soak: T) -> T {
-    if crate::soak() { soak } else { ci }
-}
+pub use common::{scale, soak};
 
 /// A process's resident memory, from `/proc`.
 pub fn rss_bytes(pid: u32) -> u64 {

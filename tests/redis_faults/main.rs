@@ -33,12 +33,4 @@ mod redis_down;
 mod restarts;
 mod timers;
 
-/// Whether this is the long run by hand (`DELAYQ_SOAK` set).
-pub fn soak() -> bool {
-    std::env::var_os("DELAYQ_SOAK").is_some()
-}
-
-/// `ci` normally, `soak` in the long run.
-pub fn scale(ci: usize, soak: usize) -> usize {
-    if crate::soak() { soak } else { ci }
-}
+pub use common::{scale, soak};
