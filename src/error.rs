@@ -1,20 +1,7 @@
-//! The two kinds of failure: the client's fault (answer and carry on) and the
-//! server's fault (log with context, answer `INTERNAL_ERROR`).
+//! What can go wrong in the store. A client's mistakes are the front end's
+//! business (see [`crate::protocol::ClientError`]); these are the server's.
 
 use std::fmt;
-
-/// A request the client got wrong. The connection stays open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientError {
-    /// The line is malformed: bad number, bad name, wrong arguments, too long.
-    BadFormat,
-    /// No such command.
-    UnknownCommand,
-    /// A job body was not followed by CRLF.
-    ExpectedCrlf,
-    /// A job body is larger than the server's `-z` limit.
-    JobTooBig,
-}
 
 /// A failure of the storage engine, not of the request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,42 +4,38 @@
 //! due, work on it, and delete (or `finish`) it; a job not finished within its
 //! time-to-run comes back, so every job is delivered at least once.
 //!
-//! # How a command travels
+//! # The layers
 //!
 //! ```text
-//! TcpStream -> codec (Request) -> connection -> dispatch (Session) -> broker -> store
-//!                                    ^                                   |
-//!                                    +------ Reply <- codec <------------+
+//!  protocol (codec, commands, replies, sessions)      a front end
+//!     |
+//!  broker (the one door: hand-outs, timer, rules)     the queue server
+//!     |
+//!  store (trait) -- memory   (state, transitions)     the engines
+//!               \-- redis    (Lua library, batching)
 //! ```
 //!
-//! * [`codec`] frames bytes into [`codec::Request`]s, bounded in size; client
-//!   mistakes come out as items, never as stream errors.
-//! * [`command`] and [`json`] parse a line into one [`command::Command`].
-//! * [`connection`] runs one client: pipelined replies share a flush, and a
-//!   blocked reserve waits on a channel.
-//! * [`dispatch`] holds a connection's session and the one `match` over commands.
-//! * [`broker`] wraps the store: hands ready jobs to [`waiters`] and runs the
-//!   timer, which sleeps on [`timer::Alarm`] until the next due time, so
-//!   nothing polls.
-//! * [`store`] is the storage interface of whole, atomic transitions;
-//!   [`store::memory`] is the embedded engine.
-//! * [`reply`] spells every wire word; [`stats`] renders the YAML documents.
-//! * [`server`] accepts connections and shuts down gracefully.
+//! * [`job`], [`names`] and [`rules`] are the domain: what a job is, the
+//!   names of jobs and tubes, the rules every engine follows. Everything else
+//!   builds on them; they import nothing of the layers.
+//! * [`protocol`] is the text protocol front end (beanstalkd's, with the
+//!   JSON-lines mode); [`server`] accepts its connections.
+//! * [`broker`] is the only way into the store: every transition passes it,
+//!   and it hands ready jobs to blocked connections and runs the timer, which
+//!   sleeps until the next due time, so nothing polls.
+//! * [`store`] is the storage interface of whole, atomic transitions, with
+//!   its engines; it imports nothing from the front ends.
+//! * [`clock`] is the embedded engine's time; [`config`] the flags.
 
 #![deny(missing_docs)]
 
 pub mod broker;
-pub mod codec;
-pub mod command;
+pub mod clock;
 pub mod config;
-pub mod connection;
-pub mod dispatch;
 pub mod error;
-pub mod json;
+pub mod job;
 pub mod names;
-pub mod reply;
+pub mod protocol;
+pub mod rules;
 pub mod server;
-pub mod stats;
 pub mod store;
-pub mod timer;
-pub mod waiters;

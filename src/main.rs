@@ -1,4 +1,5 @@
-//! The `delayq` binary: flags, logging, signals, then [`delayq::server::run`].
+//! The `delayq` binary: flags, logging, signals, the engine, then
+//! [`delayq::server::run`].
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -7,48 +8,18 @@ use std::sync::atomic::Ordering;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info, warn};
+use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
-use delayq::config::{Config, MAX_JOB_SIZE_CEILING};
+use delayq::config::{Config, Engine, Flags};
 use delayq::server::{Control, MAX_LINGERING, raise_fd_limit, run};
+use delayq::store::Store;
 use delayq::store::memory::MemoryStore;
 use delayq::store::redis::RedisStore;
 
-/// A delay-queue job server speaking beanstalkd's protocol.
-#[derive(Parser, Debug)]
-#[command(version, about)]
-struct Args {
-    /// Address to listen on.
-    #[arg(short = 'l', value_name = "ADDR", default_value = "127.0.0.1")]
-    listen: String,
-    /// TCP port to listen on.
-    #[arg(short = 'p', value_name = "PORT", default_value_t = 11300)]
-    port: u16,
-    /// Largest job body in bytes (at most 1073741824).
-    #[arg(short = 'z', value_name = "BYTES", default_value_t = 65535)]
-    max_job_size: usize,
-    /// Store jobs in Redis at this URL (redis://[:password@]host:port/db, or
-    /// redis+unix:///path). Without it, jobs live in this process's memory.
-    #[arg(long, value_name = "URL")]
-    redis: Option<String>,
-    /// Prefix of every Redis key delayq uses (it becomes the keys' hash tag).
-    #[arg(long, value_name = "PREFIX", default_value = "delayq:")]
-    redis_prefix: String,
-    /// Most client connections at once; one more is told
-    /// TOO_MANY_CONNECTIONS and closed. Default: what the open-file limit
-    /// allows, less a few files for delayq's own use.
-    #[arg(long, value_name = "N")]
-    max_connections: Option<usize>,
-}
-
-/// Files kept back from the connection limit for delayq's own use: the
-/// listener, Redis connections, the timer, logging.
-const OWN_FILES: usize = 64;
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let flags = Flags::parse();
     // rediss:// URLs use rustls; pick its crypto once for the process. An
     // error only means a provider was installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -56,33 +27,15 @@ async fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    if args.redis_prefix.contains(['{', '}']) {
-        error!("--redis-prefix may not contain braces: delayq adds its own hash tag");
+    let settings = match flags.settings() {
+        Ok(settings) => settings,
+        Err(why) => {
+            error!("{why}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(addr) = resolve(&settings.listen, settings.port).await else {
         return ExitCode::from(2);
-    }
-    let mut max_job_size = args.max_job_size;
-    if max_job_size > MAX_JOB_SIZE_CEILING {
-        warn!(
-            max_job_size,
-            "-z is above the ceiling; using {MAX_JOB_SIZE_CEILING}"
-        );
-        max_job_size = MAX_JOB_SIZE_CEILING;
-    }
-    let addr = match format!("{}:{}", args.listen, args.port).parse::<SocketAddr>() {
-        Ok(addr) => addr,
-        Err(_) => match tokio::net::lookup_host((args.listen.as_str(), args.port)).await {
-            Ok(mut addrs) => match addrs.next() {
-                Some(addr) => addr,
-                None => {
-                    error!(listen = %args.listen, "address resolves to nothing");
-                    return ExitCode::from(2);
-                }
-            },
-            Err(e) => {
-                error!(listen = %args.listen, error = %e, "cannot resolve the listen address");
-                return ExitCode::from(2);
-            }
-        },
     };
     let listener = match TcpListener::bind(addr).await {
         Ok(listener) => listener,
@@ -93,49 +46,63 @@ async fn main() -> ExitCode {
     };
     let files = raise_fd_limit();
     info!(open_files = files, "file descriptor limit");
-    // Refused connections linger a moment too, each on a file of its own.
-    let allowed = files.saturating_sub(OWN_FILES + MAX_LINGERING).max(1);
-    let max_connections = match args.max_connections {
-        None => allowed,
-        Some(n) if n > allowed => {
-            warn!(
-                max_connections = n,
-                open_files = files,
-                "--max-connections is above what the open-file limit allows; using {allowed}"
-            );
-            allowed
-        }
-        Some(n) => n,
-    };
+    let config = settings.config(files, MAX_LINGERING);
     let control = Control::default();
     if let Err(e) = watch_signals(control.clone()) {
         error!(error = %e, "cannot install signal handlers");
         return ExitCode::FAILURE;
     }
-    let addr = listener.local_addr().unwrap_or(addr);
-    let config = Config {
-        max_job_size,
-        max_connections,
+    let served = match &settings.engine {
+        Engine::Memory => serve(listener, MemoryStore::new(), config, control).await,
+        Engine::Redis { url, prefix } => match RedisStore::connect(url, prefix).await {
+            Ok(store) => serve(listener, store, config, control).await,
+            Err(e) => Err(format!("cannot connect to Redis: {e}")),
+        },
     };
-    match &args.redis {
-        None => {
-            info!(%addr, max_job_size, max_connections, "delayq listening with the embedded engine");
-            run(listener, MemoryStore::new(), config, control).await;
+    match served {
+        Ok(()) => {
+            info!("delayq stopped");
+            ExitCode::SUCCESS
         }
-        Some(url) => {
-            let store = match RedisStore::connect(url, &args.redis_prefix).await {
-                Ok(store) => store,
-                Err(e) => {
-                    error!(error = %e, "cannot connect to Redis");
-                    return ExitCode::FAILURE;
-                }
-            };
-            info!(%addr, max_job_size, max_connections, prefix = %args.redis_prefix, "delayq listening with the Redis engine");
-            run(listener, store, config, control).await;
+        Err(why) => {
+            error!("{why}");
+            ExitCode::FAILURE
         }
     }
-    info!("delayq stopped");
-    ExitCode::SUCCESS
+}
+
+/// Serves on `store` until shutdown.
+async fn serve<S: Store>(
+    listener: TcpListener,
+    store: S,
+    config: Config,
+    control: Control,
+) -> Result<(), String> {
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    info!(%addr, max_job_size = config.max_job_size, max_connections = config.max_connections,
+        engine = store.describe(), "delayq listening");
+    run(listener, store, config, control).await;
+    Ok(())
+}
+
+/// The address to listen on: `listen` is an IP address or a name.
+async fn resolve(listen: &str, port: u16) -> Option<SocketAddr> {
+    if let Ok(addr) = format!("{listen}:{port}").parse::<SocketAddr>() {
+        return Some(addr);
+    }
+    match tokio::net::lookup_host((listen, port)).await {
+        Ok(mut addrs) => {
+            let addr = addrs.next();
+            if addr.is_none() {
+                error!(%listen, "address resolves to nothing");
+            }
+            addr
+        }
+        Err(e) => {
+            error!(%listen, error = %e, "cannot resolve the listen address");
+            None
+        }
+    }
 }
 
 /// SIGINT and SIGTERM shut down gracefully; SIGUSR1 enters drain mode.

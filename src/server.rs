@@ -16,9 +16,9 @@ use tracing::{debug, info, warn};
 
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::connection;
-use crate::dispatch::Shared;
-use crate::stats::ServerStats;
+use crate::protocol::connection;
+use crate::protocol::session::Shared;
+use crate::protocol::stats::ServerStats;
 use crate::store::Store;
 
 /// How long shutdown waits for connections to finish what is in flight.

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
+use crate::job::Reserved;
 use crate::names::Tube;
-use crate::store::{ConnId, Reserved};
+use crate::store::ConnId;
 
 /// Identifies one registration; later registrations have larger ids.
 pub type WaiterId = u64;

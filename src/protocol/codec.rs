@@ -10,10 +10,10 @@
 use bytes::{Buf, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::command::{Command, Line, PutHeader, parse_line};
-use crate::error::ClientError;
-use crate::json;
-use crate::reply::{Mode, Response};
+use super::ClientError;
+use super::command::{Command, Line, PutHeader, parse_line};
+use super::json;
+use super::reply::{Mode, Response};
 
 /// Longest text command line, CRLF included.
 pub const MAX_LINE: usize = 1024;

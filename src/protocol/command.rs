@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::error::ClientError;
+use super::ClientError;
 use crate::names::{JobId, Tube, client_id, parse_u32, parse_u64};
 
 /// One parsed command, with every argument validated.

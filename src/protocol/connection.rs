@@ -17,11 +17,11 @@ use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::codec::{Codec, Limits, Request};
-use crate::command::Command;
-use crate::dispatch::{Outcome, Session, Shared};
+use super::codec::{Codec, Limits, Request};
+use super::command::Command;
+use super::reply::{Reply, Response};
+use super::session::{Outcome, Session, Shared};
 use crate::names::Tube;
-use crate::reply::{Reply, Response};
 use crate::store::{ConnId, Store};
 
 type Wire = Framed<TcpStream, Codec>;
@@ -286,7 +286,7 @@ async fn wait<S: Store>(
         }
     };
     wire.read_buffer_mut().extend_from_slice(&ahead);
-    if session.broker().waiters.take(waiter).is_some() {
+    if session.broker().stop_waiting(waiter) {
         if give_up == Some(Reply::TimedOut) {
             return Some(Box::pin(last_chance(session, &tubes)).await);
         }

@@ -6,8 +6,8 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::command::Command;
-use crate::error::ClientError;
+use super::ClientError;
+use super::command::Command;
 use crate::names::{JobId, Tube, client_id};
 
 /// Priority of an `add` that gives none (beanstalkd clients' usual default).

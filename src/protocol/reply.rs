@@ -5,10 +5,11 @@
 
 use std::io::Write;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use serde_json::json;
 
-use crate::error::ClientError;
+use super::ClientError;
+use crate::job::JobBody;
 use crate::names::{JobId, Tube};
 
 /// Which protocol a request came in, and so which one its reply goes out in.
@@ -18,17 +19,6 @@ pub enum Mode {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// A job as handed to a client: its id, tube and body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobBody {
-    /// The job's own id.
-    pub id: JobId,
-    /// The tube it lives in.
-    pub tube: Tube,
-    /// Its body.
-    pub body: Bytes,
 }
 
 /// Everything the server can answer.
@@ -203,6 +193,7 @@ impl Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     fn text(r: Reply) -> String {
         let mut b = BytesMut::new();

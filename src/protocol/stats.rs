@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+use std::time::Duration;
+
+use super::command::Command;
+use crate::job::{JobState, JobStats, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
-use crate::store::{JobStats, StoreStats, TubeStats};
 
 /// Commands counted in `stats`, in the order beanstalkd prints them, followed
 /// by delayq's extensions.
@@ -66,6 +69,42 @@ pub enum Cmd {
     KickJob,
     /// `finish` (extension).
     Finish,
+}
+
+impl Cmd {
+    /// The counter a command goes into; `quit` has none.
+    pub fn of(cmd: &Command) -> Option<Cmd> {
+        Some(match cmd {
+            Command::Put { .. } => Cmd::Put,
+            Command::Use(_) => Cmd::Use,
+            Command::Reserve { timeout: None, .. } => Cmd::Reserve,
+            Command::Reserve {
+                timeout: Some(_), ..
+            } => Cmd::ReserveWithTimeout,
+            Command::ReserveJob(_) => Cmd::ReserveJob,
+            Command::Delete(_) => Cmd::Delete,
+            Command::Finish(_) => Cmd::Finish,
+            Command::Release { .. } => Cmd::Release,
+            Command::Bury { .. } => Cmd::Bury,
+            Command::Touch(_) => Cmd::Touch,
+            Command::Watch(_) => Cmd::Watch,
+            Command::Ignore(_) => Cmd::Ignore,
+            Command::Peek(_) => Cmd::Peek,
+            Command::PeekReady => Cmd::PeekReady,
+            Command::PeekDelayed => Cmd::PeekDelayed,
+            Command::PeekBuried => Cmd::PeekBuried,
+            Command::Kick(_) => Cmd::Kick,
+            Command::KickJob(_) => Cmd::KickJob,
+            Command::StatsJob(_) => Cmd::StatsJob,
+            Command::StatsTube(_) => Cmd::StatsTube,
+            Command::Stats => Cmd::Stats,
+            Command::ListTubes => Cmd::ListTubes,
+            Command::ListTubeUsed => Cmd::ListTubeUsed,
+            Command::ListTubesWatched => Cmd::ListTubesWatched,
+            Command::PauseTube(..) => Cmd::PauseTube,
+            Command::Quit => return None,
+        })
+    }
 }
 
 const CMD_NAMES: [&str; 25] = [
@@ -213,24 +252,48 @@ fn yaml_id(id: &JobId) -> String {
     }
 }
 
+/// Whole seconds of a time, as beanstalkd shows an age or a length.
+fn secs(d: Duration) -> u64 {
+    d.as_secs()
+}
+
+/// Whole seconds of a time left, as beanstalkd shows them. beanstalkd
+/// measures in nanoseconds, so a 10 s time already shows 9 right after it is
+/// set; an engine that keeps milliseconds or microseconds would still read
+/// exactly 10 s then, so one microsecond is taken off before rounding down.
+fn secs_left(d: Duration) -> u64 {
+    d.as_micros().saturating_sub(1) as u64 / 1_000_000
+}
+
+/// The name `stats-job` prints for a state.
+fn state_name(state: JobState) -> &'static str {
+    match state {
+        JobState::Delayed => "delayed",
+        JobState::Ready => "ready",
+        JobState::Reserved => "reserved",
+        JobState::Buried => "buried",
+    }
+}
+
 /// The `stats-job` document.
 pub fn render_job(j: &JobStats) -> String {
     let mut y = String::with_capacity(200);
     y.push_str("---\n");
     field(&mut y, "id", yaml_id(&j.id));
     field(&mut y, "tube", &j.tube);
-    field(&mut y, "state", j.state.as_str());
+    field(&mut y, "state", state_name(j.state));
     field(&mut y, "pri", j.pri);
-    field(&mut y, "age", j.age);
-    field(&mut y, "delay", j.delay);
-    field(&mut y, "ttr", j.ttr);
-    field(&mut y, "time-left", j.time_left);
+    field(&mut y, "age", secs(j.age));
+    field(&mut y, "delay", secs(j.delay));
+    field(&mut y, "ttr", secs(j.ttr));
+    field(&mut y, "time-left", secs_left(j.time_left));
     field(&mut y, "file", 0);
-    field(&mut y, "reserves", j.reserves);
-    field(&mut y, "timeouts", j.timeouts);
-    field(&mut y, "releases", j.releases);
-    field(&mut y, "buries", j.buries);
-    field(&mut y, "kicks", j.kicks);
+    let c = &j.counters;
+    field(&mut y, "reserves", c.reserves);
+    field(&mut y, "timeouts", c.timeouts);
+    field(&mut y, "releases", c.releases);
+    field(&mut y, "buries", c.buries);
+    field(&mut y, "kicks", c.kicks);
     y
 }
 
@@ -251,8 +314,8 @@ pub fn render_tube(t: &TubeStats, waiting: u64) -> String {
     field(&mut y, "current-waiting", waiting);
     field(&mut y, "cmd-delete", t.cmd_delete);
     field(&mut y, "cmd-pause-tube", t.cmd_pause_tube);
-    field(&mut y, "pause", t.pause);
-    field(&mut y, "pause-time-left", t.pause_time_left);
+    field(&mut y, "pause", secs(t.pause));
+    field(&mut y, "pause-time-left", secs_left(t.pause_time_left));
     y
 }
 
@@ -312,6 +375,16 @@ fn host() -> Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_show_as_beanstalkd_shows_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(secs_left(ms(10_000)), 9, "a 10 s time just set");
+        assert_eq!(secs_left(ms(10_001)), 10);
+        assert_eq!(secs_left(Duration::from_micros(1)), 0);
+        assert_eq!(secs_left(Duration::ZERO), 0);
+        assert_eq!(secs(ms(59_999)), 59);
+    }
 
     #[test]
     fn stats_has_every_beanstalkd_field() {

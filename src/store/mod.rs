@@ -2,175 +2,26 @@
 //! so the Redis engine can run each as a single Lua script and the embedded
 //! engine as one critical section.
 //!
-//! Engines keep their own clock (the embedded one a monotonic clock, the Redis
-//! one the Redis server's), so times cross this interface as durations from
-//! "now", never as absolute instants.
+//! Engines keep their own clock (the embedded one the wall clock, read through
+//! a monotonic one; the Redis one the Redis server's), so times cross this
+//! interface as durations from "now", never as absolute instants.
+//!
+//! Only the [`crate::broker::Broker`] calls a store: it is the one door,
+//! where what follows a transition (serving waiting workers, waking the
+//! timer) happens.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use crate::error::StoreResult;
+use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
-use crate::reply::JobBody;
 
 pub mod memory;
 pub mod redis;
 
 /// Identifies a client connection within one delayq process.
 pub type ConnId = u64;
-
-/// A job to insert.
-#[derive(Debug, Clone)]
-pub struct NewJob {
-    /// Where it goes.
-    pub tube: Tube,
-    /// The client-chosen id, or `None` for a server id.
-    pub id: Option<Arc<str>>,
-    /// Priority; lower is more urgent.
-    pub pri: u32,
-    /// Time before it becomes ready.
-    pub delay: Duration,
-    /// Time a reserver has before it comes back; at least one second.
-    pub ttr: Duration,
-    /// The body.
-    pub body: Bytes,
-}
-
-/// What a `put` did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PutOutcome {
-    /// Stored under this id.
-    Inserted(JobId),
-    /// A job with this client id already exists; nothing changed.
-    Exists(JobId),
-}
-
-/// A job just reserved, and how long the reserver has.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Reserved {
-    /// The job.
-    pub job: JobBody,
-    /// Its time to run: the deadline is now plus this.
-    pub ttr: Duration,
-}
-
-/// The four states of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobState {
-    /// Waiting for its delay to pass.
-    Delayed,
-    /// Waiting for a worker.
-    Ready,
-    /// Held by a worker until it finishes or its TTR runs out.
-    Reserved,
-    /// Set aside until kicked.
-    Buried,
-}
-
-impl JobState {
-    /// The name `stats-job` prints.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Delayed => "delayed",
-            JobState::Ready => "ready",
-            JobState::Reserved => "reserved",
-            JobState::Buried => "buried",
-        }
-    }
-}
-
-/// The figures `stats-job` prints. Times are in whole seconds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobStats {
-    /// The job's own id.
-    pub id: JobId,
-    /// Its tube.
-    pub tube: Tube,
-    /// Its state.
-    pub state: JobState,
-    /// Its priority.
-    pub pri: u32,
-    /// Seconds since it was put.
-    pub age: u64,
-    /// Its delay, in seconds.
-    pub delay: u64,
-    /// Its TTR, in seconds.
-    pub ttr: u64,
-    /// Seconds until it becomes ready (delayed) or times out (reserved).
-    pub time_left: u64,
-    /// Times it was reserved.
-    pub reserves: u64,
-    /// Times its TTR ran out.
-    pub timeouts: u64,
-    /// Times it was released.
-    pub releases: u64,
-    /// Times it was buried.
-    pub buries: u64,
-    /// Times it was kicked.
-    pub kicks: u64,
-}
-
-/// Whole seconds left of `ms` milliseconds, as beanstalkd reports them.
-/// beanstalkd measures in nanoseconds, so a 10 s time already shows 9 right
-/// after it is set; a millisecond clock would still read exactly 10000 then,
-/// so one millisecond is taken off before rounding down.
-pub fn secs_left(ms: u64) -> u64 {
-    ms.saturating_sub(1) / 1000
-}
-
-/// Job counts by state.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Counts {
-    /// Ready jobs with priority below 1024.
-    pub urgent: u64,
-    /// Ready jobs.
-    pub ready: u64,
-    /// Reserved jobs.
-    pub reserved: u64,
-    /// Delayed jobs.
-    pub delayed: u64,
-    /// Buried jobs.
-    pub buried: u64,
-}
-
-/// The figures of `stats-tube` that the store keeps.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TubeStats {
-    /// The tube.
-    pub name: Tube,
-    /// Jobs by state.
-    pub counts: Counts,
-    /// Jobs ever put into it.
-    pub total_jobs: u64,
-    /// Connections using it.
-    pub using: u64,
-    /// Connections watching it.
-    pub watching: u64,
-    /// Successful deletes of its jobs.
-    pub cmd_delete: u64,
-    /// `pause-tube` commands on it.
-    pub cmd_pause_tube: u64,
-    /// The last pause, in seconds.
-    pub pause: u64,
-    /// Seconds until it unpauses.
-    pub pause_time_left: u64,
-}
-
-/// The figures of `stats` that the store keeps.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct StoreStats {
-    /// Jobs by state, over all tubes.
-    pub counts: Counts,
-    /// Times any job's TTR ran out.
-    pub job_timeouts: u64,
-    /// Jobs ever put.
-    pub total_jobs: u64,
-    /// Tubes that exist now.
-    pub tubes: u64,
-}
 
 /// What a timer pass did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -324,6 +175,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Undoes one [`Store::attach`]; a tube with no jobs and no users goes away.
     fn detach(&self, tube: &Tube, how: TubeRef) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// What the engine is and where it keeps the jobs, for the log.
+    fn describe(&self) -> String;
 
     /// Events from other processes sharing the storage, if it is shared.
     /// Called once, when the server starts.

@@ -42,7 +42,8 @@ local OPS = {}
 -- Job fields (indexes into the cmsgpack array).
 local STATE, PRI, DELAY, TTR, CREATED, AT, OWNER, TUBE, NAME = 1, 2, 3, 4, 5, 6, 7, 8, 9
 local RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS, BODY = 10, 11, 12, 13, 14, 15
-local URGENT = 1024
+-- URGENT, the rules' constants, is defined ahead of this file from delayq's
+-- own `src/rules.rs` (see `library.rs`), so it is written down once.
 
 -- What follows is the state of one call. A call runs atomically, so every
 -- operation in it (a whole batch of them) sees one instant, and work they

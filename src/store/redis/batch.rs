@@ -20,8 +20,8 @@ use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::info;
 
+use super::decode::{corrupt, fail};
 use super::library::{Function, Kind, Library};
-use super::{corrupt, fail};
 use crate::error::{StoreError, StoreResult};
 use crate::names::{JobId, Tube};
 use crate::store::ConnId;

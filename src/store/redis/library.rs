@@ -1,12 +1,18 @@
 //! delayq's Redis function library: the Lua source (`src/store/lua/`), put
 //! together once, and the two functions it registers.
 //!
+//! The constants of the queue's rules are not typed into the Lua: they are
+//! written ahead of the prelude from `src/rules.rs`, so both engines follow
+//! one definition.
+//!
 //! A function library, unlike a script, is compiled and set up once when it
 //! is loaded; a call then runs only its own work. Its name carries a hash of
 //! its source, so processes of different delayq versions sharing one Redis
 //! each call their own.
 
 use redis::Script;
+
+use crate::rules::URGENT_PRIORITY;
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 const DISPATCH: &str = include_str!("../lua/batch.lua");
@@ -98,7 +104,7 @@ pub(super) struct Library {
 
 impl Library {
     pub fn new() -> Library {
-        let mut body = format!("{PRELUDE}\n");
+        let mut body = format!("{}{PRELUDE}\n", rules_header());
         for kind in [Kind::Puts, Kind::Moves, Kind::Reads] {
             for (_, source) in kind.ops() {
                 body.push_str(source);
@@ -131,6 +137,11 @@ impl Library {
     pub fn function(&self, f: Function) -> &str {
         &self.functions[f as usize]
     }
+}
+
+/// The rules' constants as Lua locals, ahead of the prelude.
+fn rules_header() -> String {
+    format!("-- From src/rules.rs.\nlocal URGENT = {URGENT_PRIORITY}\n")
 }
 
 /// For benchmarks: delayq's function library (what `FUNCTION LOAD` takes),

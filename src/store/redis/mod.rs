@@ -2,41 +2,44 @@
 //! Redis, so jobs survive a delayq restart and several delayq processes can
 //! share one Redis.
 //!
-//! Every transition is one Lua script (`lua/*.lua`, each prefixed with
-//! `lua/prelude.lua`), loaded once and called by hash, so no state is ever
-//! read and written back across round trips. Times come from Redis's own
-//! clock inside the scripts, so processes on different hosts agree on when a
-//! job is due. All calls share one multiplexed connection that reconnects by
-//! itself; a second connection listens on the `events` channel, where the
-//! scripts announce tubes that got ready jobs, so a job made ready by one
-//! process reaches a worker blocked on another.
+//! * `connect.rs`: reaching Redis and checking it (eviction policy, library);
+//! * `library.rs`: the Lua function library (`src/store/lua/`), one
+//!   operation per transition, put together once;
+//! * `batch.rs`: concurrent operations of many connections share one
+//!   function call, pipelined on one multiplexed connection;
+//! * `events.rs`: what other processes announce (tubes with ready jobs,
+//!   earlier due times);
+//! * `decode.rs`: replies into the domain's types;
+//! * this file: the [`Store`] over them.
+//!
+//! No state is ever read and written back across round trips: each
+//! transition is one operation inside one call. Times come from Redis's own
+//! clock inside the functions, so processes on different hosts agree on when
+//! a job is due.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, RedisError, Value};
+use redis::{FromRedisValue, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::{info, warn};
 
 mod batch;
+mod connect;
+mod decode;
+mod events;
 mod library;
 
 pub use library::bench_call;
 
 use batch::{Arg, Op};
+use decode::{corrupt, fail, job_body, job_id, parse, reserved, tube};
 use library::{Kind, Library};
 
-use super::{
-    ConnId, Counts, JobState, JobStats, NewJob, PutOutcome, Reserved, Store, StoreEvent,
-    StoreStats, Tick, TubeRef, TubeStats, secs_left,
-};
+use super::{ConnId, Store, StoreEvent, Tick, TubeRef};
 use crate::error::{StoreError, StoreResult};
+use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
-use crate::reply::JobBody;
 
 /// Most jobs one script call moves (a kick, a disconnect), so no call
 /// blocks Redis for long.
@@ -45,16 +48,20 @@ const BATCH: u64 = 1000;
 /// workers wait for the jobs they move, and calls queued behind a tick wait
 /// for all of it.
 const TICK_BATCH: u64 = 250;
-/// How long a Redis call may take before it fails with `INTERNAL_ERROR`.
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the event listener retries while Redis is unreachable.
-const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// The timer's longest sleep: each tick renews this process's alive mark
 /// (which expires after 3 s), and catches a due time another process created
 /// but could not announce.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// A duration as the functions take it, in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// The Redis storage engine.
 pub struct RedisStore {
+    /// The keys' hash tag, `{PREFIX}`.
+    tag: String,
     /// Distinguishes this process's connections from other processes'.
     process: String,
     /// The operations waiting for the next call.
@@ -64,126 +71,31 @@ pub struct RedisStore {
     _listener: DropGuard,
 }
 
-fn fail(e: RedisError) -> StoreError {
-    if e.code() == Some("OOM") {
-        StoreError::OutOfMemory
-    } else {
-        StoreError::Unavailable(e.to_string())
-    }
-}
-
-fn corrupt(what: &str) -> StoreError {
-    StoreError::Unavailable(format!("unexpected reply from Redis: {what}"))
-}
-
-fn parse<T: FromRedisValue>(v: Value) -> StoreResult<T> {
-    redis::from_redis_value(v).map_err(|e| corrupt(&e.to_string()))
-}
-
-/// A job id as the scripts return it: a server id as a number, a
-/// client-chosen one as text.
-fn job_id(v: Value) -> StoreResult<JobId> {
-    match v {
-        Value::Int(n) => u64::try_from(n)
-            .map(JobId::Server)
-            .map_err(|_| corrupt("job id")),
-        Value::BulkString(raw) => JobId::parse(&raw).ok_or_else(|| corrupt("job id")),
-        _ => Err(corrupt("job id")),
-    }
-}
-
-fn tube(raw: &str) -> StoreResult<Tube> {
-    Tube::parse(raw.as_bytes()).ok_or_else(|| corrupt("tube name"))
-}
-
-/// A tube name as the scripts return it; one of `known` if it is one, so
-/// that the usual reply costs no allocation.
-fn returned_tube(v: Value, known: &[Tube]) -> StoreResult<Tube> {
-    let Value::BulkString(raw) = v else {
-        return Err(corrupt("tube name"));
-    };
-    match known
-        .iter()
-        .find(|t| t.as_str().as_bytes() == raw.as_slice())
-    {
-        Some(t) => Ok(t.clone()),
-        None => Tube::parse(&raw).ok_or_else(|| corrupt("tube name")),
-    }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A job as the scripts return it, `{id, tube, body, ...}`, or nothing;
-/// what follows the body is left in `rest`.
-fn job_body(v: Value, known: &[Tube]) -> StoreResult<Option<(JobBody, Vec<Value>)>> {
-    let fields = match v {
-        Value::Nil => return Ok(None),
-        Value::Array(fields) => fields,
-        _ => return Err(corrupt("a job")),
-    };
-    let mut fields = fields.into_iter();
-    let (Some(id), Some(t), Some(Value::BulkString(body))) =
-        (fields.next(), fields.next(), fields.next())
-    else {
-        return Err(corrupt("a job"));
-    };
-    let job = JobBody {
-        id: job_id(id)?,
-        tube: returned_tube(t, known)?,
-        body: Bytes::from(body),
-    };
-    Ok(Some((job, fields.collect())))
-}
-
-fn reserved(v: Value, known: &[Tube]) -> StoreResult<Option<Reserved>> {
-    let Some((job, rest)) = job_body(v, known)? else {
-        return Ok(None);
-    };
-    let [ttr] = <[Value; 1]>::try_from(rest).map_err(|_| corrupt("a reserved job"))?;
-    Ok(Some(Reserved {
-        job,
-        ttr: Duration::from_millis(parse(ttr)?),
-    }))
-}
-
 impl RedisStore {
     /// Connects to the Redis at `url` and keeps its keys under `prefix`.
     ///
     /// Warns loudly if Redis may evict keys, since an evicted key is a lost job.
     pub async fn connect(url: &str, prefix: &str) -> StoreResult<RedisStore> {
         let client = redis::Client::open(url).map_err(fail)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT))
-            .set_number_of_retries(2);
-        let mut conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(fail)?;
         let tag = format!("{{{prefix}}}");
-        redis::cmd("ZADD")
-            .arg(format!("{tag}tubes"))
-            .arg("NX")
-            .arg(0)
-            .arg("default")
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(fail)?;
-        warn_if_evicting(&mut conn).await;
+        let library = Library::new();
+        let conn = connect::connect(&client, &tag, &library).await?;
         let (tx, rx) = mpsc::channel(1024);
         let stop = CancellationToken::new();
-        tokio::spawn(listen(client, format!("{tag}events"), tx, stop.clone()));
+        tokio::spawn(events::listen(
+            client,
+            format!("{tag}events"),
+            tx,
+            stop.clone(),
+        ));
         let process = format!(
             "{:016x}",
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
         );
-        let library = Library::new();
-        batch::load(&mut conn, &library).await.map_err(fail)?;
         let (queue, ops) = mpsc::unbounded_channel();
-        tokio::spawn(batch::run(conn, tag, process.clone(), library, ops));
+        tokio::spawn(batch::run(conn, tag.clone(), process.clone(), library, ops));
         let store = RedisStore {
+            tag,
             process,
             queue,
             events: Mutex::new(Some(rx)),
@@ -218,69 +130,6 @@ impl RedisStore {
     /// A read.
     async fn read<T: FromRedisValue>(&self, name: &'static str, args: Vec<Arg>) -> StoreResult<T> {
         parse(self.op(Kind::Reads, name, args).await?)
-    }
-}
-
-async fn warn_if_evicting(conn: &mut ConnectionManager) {
-    let policy: Result<(String, String), _> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(conn)
-        .await;
-    match policy {
-        Ok((_, policy)) if policy != "noeviction" => warn!(
-            %policy,
-            "REDIS MAY EVICT KEYS: maxmemory-policy is not noeviction, so jobs can be lost \
-             when Redis is full; set `maxmemory-policy noeviction`"
-        ),
-        Ok(_) => {}
-        Err(e) => warn!(error = %e, "cannot read maxmemory-policy; make sure it is noeviction"),
-    }
-}
-
-/// Listens on the events channel until `stop`, reconnecting as needed.
-async fn listen(
-    client: redis::Client,
-    channel: String,
-    tx: mpsc::Sender<StoreEvent>,
-    stop: CancellationToken,
-) {
-    let mut connected_before = false;
-    loop {
-        let session = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            if connected_before {
-                info!("Redis events channel back");
-            }
-            // Whatever was announced while we were away is caught up here.
-            let _ = tx.send(StoreEvent::Resync).await;
-            let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                let payload = msg.get_payload_bytes();
-                let event = match payload.strip_prefix(b"due:") {
-                    Some(ms) => crate::names::parse_u64(ms)
-                        .map(|ms| StoreEvent::Due(Duration::from_millis(ms))),
-                    None => Tube::parse(payload).map(StoreEvent::Ready),
-                };
-                if let Some(event) = event {
-                    let _ = tx.send(event).await;
-                }
-            }
-            Ok::<(), RedisError>(())
-        };
-        tokio::select! {
-            ended = session => match ended {
-                Ok(()) => warn!("Redis events channel closed; reconnecting"),
-                Err(e) => warn!(error = %e, "Redis events channel unavailable; retrying"),
-            },
-            () = stop.cancelled() => return,
-        }
-        connected_before = true;
-        tokio::select! {
-            () = tokio::time::sleep(RECONNECT_DELAY) => {}
-            () = stop.cancelled() => return,
-        }
     }
 }
 
@@ -406,111 +255,16 @@ impl Store for RedisStore {
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
         let got: Option<Vec<Value>> = self.read("stats_job", vec![Arg::Id(id.clone())]).await?;
-        let Some(v) = got else {
-            return Ok(None);
-        };
-        let [
-            id,
-            t,
-            state,
-            pri,
-            age,
-            delay,
-            ttr,
-            left,
-            reserves,
-            timeouts,
-            releases,
-            buries,
-            kicks,
-        ] = <[Value; 13]>::try_from(v).map_err(|_| corrupt("stats-job"))?;
-        let secs = |v: Value| parse::<u64>(v).map(|ms| ms / 1000);
-        let state = match parse::<String>(state)?.as_str() {
-            "ready" => JobState::Ready,
-            "delayed" => JobState::Delayed,
-            "reserved" => JobState::Reserved,
-            "buried" => JobState::Buried,
-            _ => return Err(corrupt("job state")),
-        };
-        Ok(Some(JobStats {
-            id: job_id(id)?,
-            tube: tube(&parse::<String>(t)?)?,
-            state,
-            pri: parse(pri)?,
-            age: secs(age)?,
-            delay: secs(delay)?,
-            ttr: secs(ttr)?,
-            time_left: secs_left(parse(left)?),
-            reserves: parse(reserves)?,
-            timeouts: parse(timeouts)?,
-            releases: parse(releases)?,
-            buries: parse(buries)?,
-            kicks: parse(kicks)?,
-        }))
+        got.map(decode::job_stats).transpose()
     }
 
     async fn stats_tube(&self, t: &Tube) -> StoreResult<Option<TubeStats>> {
         let got: Option<Vec<u64>> = self.read("stats_tube", vec![Arg::Tube(t.clone())]).await?;
-        let Some(v) = got else {
-            return Ok(None);
-        };
-        let [
-            urgent,
-            ready,
-            reserved,
-            delayed,
-            buried,
-            total,
-            using,
-            watching,
-            del,
-            pauses,
-            pause,
-            left,
-        ] = <[u64; 12]>::try_from(v).map_err(|_| corrupt("stats-tube"))?;
-        Ok(Some(TubeStats {
-            name: t.clone(),
-            counts: Counts {
-                urgent,
-                ready,
-                reserved,
-                delayed,
-                buried,
-            },
-            total_jobs: total,
-            using,
-            watching,
-            cmd_delete: del,
-            cmd_pause_tube: pauses,
-            pause: pause / 1000,
-            pause_time_left: secs_left(left),
-        }))
+        got.map(|v| decode::tube_stats(t, v)).transpose()
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {
-        let v: Vec<u64> = self.read("stats", Vec::new()).await?;
-        let [
-            urgent,
-            ready,
-            reserved,
-            delayed,
-            buried,
-            timeouts,
-            total,
-            tubes,
-        ] = <[u64; 8]>::try_from(v).map_err(|_| corrupt("stats"))?;
-        Ok(StoreStats {
-            counts: Counts {
-                urgent,
-                ready,
-                reserved,
-                delayed,
-                buried,
-            },
-            job_timeouts: timeouts,
-            total_jobs: total,
-            tubes,
-        })
+        decode::store_stats(self.read("stats", Vec::new()).await?)
     }
 
     async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
@@ -575,6 +329,10 @@ impl Store for RedisStore {
 
     fn max_sleep(&self) -> Option<Duration> {
         Some(MAX_SLEEP)
+    }
+
+    fn describe(&self) -> String {
+        format!("Redis, keys under {}", self.tag)
     }
 }
 

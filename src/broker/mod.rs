@@ -1,0 +1,252 @@
+//! The broker: the one door into the store, and what makes the store a queue
+//! server.
+//!
+//! Every front end reaches the store through a [`Broker`] method, never
+//! directly, so whatever must follow a transition happens in one place:
+//!
+//! * every transition that can make a job ready (put, release, kick, the
+//!   timer, unpausing, a connection's reservations returned) is followed by a
+//!   hand-out pass for the tubes it touched (`handout.rs`), which gives ready
+//!   jobs to the connections blocked in `reserve` (`waiters.rs`);
+//! * every transition that creates a due time (a delay, a TTR, a pause) tells
+//!   the timer (`timer.rs`), which sleeps until the earliest one; nothing
+//!   polls (`run.rs` runs the timer and the events of a shared engine).
+//!
+//! The rules every engine follows alike (the TTR floor) are applied here too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+mod handout;
+mod run;
+pub mod timer;
+mod waiters;
+
+pub use waiters::WaiterId;
+
+use crate::error::StoreResult;
+use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
+use crate::names::{JobId, Tube};
+use crate::rules;
+use crate::store::{ConnId, Store, TubeRef};
+use handout::Passes;
+use timer::Alarm;
+use waiters::Waiters;
+
+/// The store, the waiting connections and the timer's alarm clock.
+pub struct Broker<S> {
+    store: S,
+    waiters: Waiters,
+    /// Held while a hand-out pass runs, so two passes never race for one
+    /// waiter.
+    serving: tokio::sync::Mutex<()>,
+    passes: std::sync::Mutex<Passes>,
+    alarm: Alarm,
+}
+
+impl<S: Store> Broker<S> {
+    /// A broker over `store`.
+    pub fn new(store: S) -> Broker<S> {
+        Broker {
+            store,
+            waiters: Waiters::default(),
+            serving: tokio::sync::Mutex::new(()),
+            passes: std::sync::Mutex::new(Passes::default()),
+            alarm: Alarm::new(),
+        }
+    }
+
+    /// Inserts a job and hands it out or schedules it.
+    pub async fn put(&self, mut job: NewJob) -> StoreResult<PutOutcome> {
+        job.ttr = rules::ttr(job.ttr);
+        let tube = job.tube.clone();
+        let delay = job.delay;
+        let outcome = self.store.put(job).await?;
+        if matches!(outcome, PutOutcome::Inserted(_)) {
+            self.ready_or_later(tube, delay).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Reserves the best ready job of `tubes`, if any, without waiting.
+    pub async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
+        let got = self.store.reserve(conn, tubes).await?;
+        if let Some(r) = &got {
+            self.alarm.schedule(r.ttr);
+        }
+        Ok(got)
+    }
+
+    /// Reserves one job by id.
+    pub async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
+        let got = self.store.reserve_job(conn, id).await?;
+        if let Some(r) = &got {
+            self.alarm.schedule(r.ttr);
+        }
+        Ok(got)
+    }
+
+    /// Deletes a job that is not reserved, or is reserved by `conn`;
+    /// returns whether it existed.
+    pub async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
+        self.store.delete(conn, id).await
+    }
+
+    /// Deletes a job only if `conn` has it reserved.
+    pub async fn finish(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
+        self.store.finish(conn, id).await
+    }
+
+    /// Releases a reserved job; returns whether `conn` held it.
+    pub async fn release(
+        &self,
+        conn: ConnId,
+        id: &JobId,
+        pri: u32,
+        delay: Duration,
+    ) -> StoreResult<bool> {
+        let Some(tube) = self.store.release(conn, id, pri, delay).await? else {
+            return Ok(false);
+        };
+        self.ready_or_later(tube, delay).await;
+        Ok(true)
+    }
+
+    /// Buries a job reserved by `conn`; returns whether it held it.
+    pub async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
+        self.store.bury(conn, id, pri).await
+    }
+
+    /// Restarts a reserved job's TTR; returns the TTR.
+    pub async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
+        let ttr = self.store.touch(conn, id).await?;
+        if let Some(ttr) = ttr {
+            self.alarm.schedule(ttr);
+        }
+        Ok(ttr)
+    }
+
+    /// Kicks up to `bound` jobs of `tube`.
+    pub async fn kick(&self, tube: &Tube, bound: u64) -> StoreResult<u64> {
+        let n = self.store.kick(tube, bound).await?;
+        if n > 0 {
+            self.serve(std::slice::from_ref(tube)).await;
+        }
+        Ok(n)
+    }
+
+    /// Kicks one job; returns whether it was buried or delayed.
+    pub async fn kick_job(&self, id: &JobId) -> StoreResult<bool> {
+        let Some(tube) = self.store.kick_job(id).await? else {
+            return Ok(false);
+        };
+        self.serve(&[tube]).await;
+        Ok(true)
+    }
+
+    /// Pauses a tube; returns whether it exists.
+    pub async fn pause_tube(&self, tube: &Tube, delay: Duration) -> StoreResult<bool> {
+        if !self.store.pause_tube(tube, delay).await? {
+            return Ok(false);
+        }
+        self.ready_or_later(tube.clone(), delay).await;
+        Ok(true)
+    }
+
+    /// Returns a departed connection's reservations and hands them on.
+    pub async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<()> {
+        let tubes = self.store.release_all(conn, held).await?;
+        self.serve(&tubes).await;
+        Ok(())
+    }
+
+    /// Counts a connection's use or watch of `tube`, creating it if needed.
+    pub async fn attach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
+        self.store.attach(tube, how).await
+    }
+
+    /// Undoes one [`Broker::attach`].
+    pub async fn detach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
+        self.store.detach(tube, how).await
+    }
+
+    /// Any job, by id.
+    pub async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
+        self.store.peek(id).await
+    }
+
+    /// The job `reserve` would take next from `tube`.
+    pub async fn peek_ready(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
+        self.store.peek_ready(tube).await
+    }
+
+    /// The delayed job of `tube` due soonest.
+    pub async fn peek_delayed(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
+        self.store.peek_delayed(tube).await
+    }
+
+    /// The buried job of `tube` that `kick` would take first.
+    pub async fn peek_buried(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
+        self.store.peek_buried(tube).await
+    }
+
+    /// A job's figures.
+    pub async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
+        self.store.stats_job(id).await
+    }
+
+    /// A tube's figures, and how many of this process's connections wait on
+    /// it.
+    pub async fn stats_tube(&self, tube: &Tube) -> StoreResult<Option<(TubeStats, u64)>> {
+        let waiting = self.waiters.waiting_on(tube);
+        Ok(self.store.stats_tube(tube).await?.map(|s| (s, waiting)))
+    }
+
+    /// Server-wide job figures, and how many of this process's connections
+    /// wait in `reserve`.
+    pub async fn stats(&self) -> StoreResult<(StoreStats, u64)> {
+        let waiting = self.waiters.total();
+        Ok((self.store.stats().await?, waiting))
+    }
+
+    /// Tubes that exist, oldest first.
+    pub async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
+        self.store.list_tubes().await
+    }
+
+    /// Queues `conn` on `tubes`, then serves them, so that a job made ready
+    /// between the caller's failed reserve and this registration is not missed.
+    pub async fn wait(
+        &self,
+        conn: ConnId,
+        tubes: Arc<[Tube]>,
+    ) -> (WaiterId, oneshot::Receiver<Reserved>) {
+        let registered = self.waiters.register(conn, tubes.clone());
+        self.serve(&tubes).await;
+        registered
+    }
+
+    /// Stops waiting; returns `false` if the waiter was already served (a
+    /// job is on its way to it).
+    pub fn stop_waiting(&self, waiter: WaiterId) -> bool {
+        self.waiters.take(waiter).is_some()
+    }
+
+    /// Moves what has fallen due and hands it out. Returns the time until
+    /// the next due time, if anything is pending.
+    pub async fn tick(&self) -> StoreResult<Option<Duration>> {
+        let tick = self.store.tick().await?;
+        self.serve(&tick.ready).await;
+        Ok(tick.next)
+    }
+
+    async fn ready_or_later(&self, tube: Tube, after: Duration) {
+        if after.is_zero() {
+            self.serve(&[tube]).await;
+        } else {
+            self.alarm.schedule(after);
+        }
+    }
+}
