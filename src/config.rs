@@ -1,8 +1,13 @@
 //! The command line and the settings it makes: flags are parsed and checked
 //! here, so `main.rs` only acts on settings known to be sound.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use clap::Parser;
 use tracing::warn;
+
+use crate::store::log::{DEFAULT_FILE_SIZE, Options, SyncPolicy};
 
 /// beanstalkd's default largest job body, in bytes.
 pub const DEFAULT_MAX_JOB_SIZE: usize = 65_535;
@@ -45,9 +50,33 @@ pub struct Flags {
     /// Largest job body in bytes (at most 1073741824).
     #[arg(short = 'z', value_name = "BYTES", default_value_t = DEFAULT_MAX_JOB_SIZE)]
     pub max_job_size: usize,
+    /// Keep the jobs in this directory (created if missing): in memory, and
+    /// in a write-ahead log there, so a restart or a crash loses nothing
+    /// acknowledged. One delayq process per directory.
+    #[arg(short = 'b', long = "data-dir", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Answer a change once its record is written, and sync at most every MS
+    /// milliseconds (beanstalkd's -f). Without -f or -F, a change is synced
+    /// before it is answered; -f 0 is the same.
+    #[arg(short = 'f', long = "fsync-every", value_name = "MS")]
+    pub fsync_every: Option<u64>,
+    /// Never sync the log (beanstalkd's -F): a crash of the host may lose
+    /// any change; a crash of delayq alone loses nothing answered.
+    #[arg(short = 'F', long = "no-fsync")]
+    pub no_fsync: bool,
+    /// The size of each log file, in bytes (beanstalkd's -s).
+    #[arg(short = 's', long = "log-file-size", value_name = "BYTES", default_value_t = DEFAULT_FILE_SIZE)]
+    pub log_file_size: u64,
+    /// Start even if the log is damaged, skipping the damaged records (and
+    /// saying how many); without it, delayq refuses to start on damage.
+    #[arg(long)]
+    pub salvage: bool,
+    /// Keep the jobs in this process's memory only: a restart loses them.
+    #[arg(long, conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage", "redis"])]
+    pub in_memory: bool,
     /// Store jobs in Redis at this URL (redis://[:password@]host:port/db, or
-    /// redis+unix:///path). Without it, jobs live in this process's memory.
-    #[arg(long, value_name = "URL")]
+    /// redis+unix:///path) instead of in a data directory.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage"])]
     pub redis: Option<String>,
     /// Prefix of every Redis key delayq uses (it becomes the keys' hash tag).
     #[arg(long, value_name = "PREFIX", default_value = "delayq:")]
@@ -59,11 +88,17 @@ pub struct Flags {
     pub max_connections: Option<usize>,
 }
 
+/// The data directory when none is given: `delayq-data` in the working
+/// directory.
+pub const DEFAULT_DATA_DIR: &str = "delayq-data";
+
 /// Where the jobs are kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Engine {
     /// In this process's memory only.
     Memory,
+    /// In memory and in a write-ahead log in a data directory (the default).
+    Durable(Options),
     /// In Redis.
     Redis {
         /// The server's URL.
@@ -104,12 +139,28 @@ impl Flags {
             );
             max_job_size = MAX_JOB_SIZE_CEILING;
         }
+        if self.fsync_every.is_some() && self.no_fsync {
+            return Err("-f and -F contradict each other: sync every MS ms, or never".into());
+        }
         let engine = match self.redis {
             Some(url) => Engine::Redis {
                 url,
                 prefix: self.redis_prefix,
             },
-            None => Engine::Memory,
+            None if self.in_memory => Engine::Memory,
+            None => Engine::Durable(Options {
+                dir: self
+                    .data_dir
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+                policy: match (self.fsync_every, self.no_fsync) {
+                    (_, true) => SyncPolicy::Never,
+                    (None | Some(0), false) => SyncPolicy::Always,
+                    (Some(ms), false) => SyncPolicy::Every(Duration::from_millis(ms)),
+                },
+                file_size: self.log_file_size,
+                max_job_size,
+                salvage: self.salvage,
+            }),
         };
         Ok(Settings {
             listen: self.listen,
@@ -158,16 +209,48 @@ mod tests {
             .settings()
     }
 
+    fn durable(args: &[&str]) -> Options {
+        match settings(args).unwrap().engine {
+            Engine::Durable(options) => options,
+            other => panic!("{args:?} is not durable: {other:?}"),
+        }
+    }
+
     #[test]
     fn flags_become_settings() {
         let s = settings(&[]).unwrap();
         assert_eq!((s.listen.as_str(), s.port), ("127.0.0.1", 11300));
-        assert_eq!(s.engine, Engine::Memory);
         assert_eq!(s.max_job_size, DEFAULT_MAX_JOB_SIZE);
+        let o = durable(&[]);
+        assert_eq!(o.dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(o.policy, SyncPolicy::Always);
+        assert_eq!(o.file_size, DEFAULT_FILE_SIZE);
+        assert!(matches!(
+            settings(&["--in-memory"]).unwrap().engine,
+            Engine::Memory
+        ));
         let s = settings(&["--redis", "redis://x", "-z", "2000000000"]).unwrap();
         assert_eq!(s.max_job_size, MAX_JOB_SIZE_CEILING);
         assert!(matches!(s.engine, Engine::Redis { ref prefix, .. } if prefix == "delayq:"));
         assert!(settings(&["--redis-prefix", "a{b"]).is_err());
+    }
+
+    #[test]
+    fn beanstalkd_flags_mean_what_they_mean_there() {
+        let o = durable(&["-b", "/var/lib/delayq", "-f", "50", "-s", "1000000"]);
+        assert_eq!(o.dir, PathBuf::from("/var/lib/delayq"));
+        assert_eq!(o.policy, SyncPolicy::Every(Duration::from_millis(50)));
+        assert_eq!(o.file_size, 1_000_000);
+        assert_eq!(durable(&["-f", "0"]).policy, SyncPolicy::Always);
+        assert_eq!(durable(&["-F"]).policy, SyncPolicy::Never);
+        assert_eq!(
+            durable(&["--data-dir", "d", "--fsync-every", "5"]).policy,
+            SyncPolicy::Every(Duration::from_millis(5))
+        );
+        assert!(durable(&["--salvage"]).salvage);
+        assert!(settings(&["-f", "5", "-F"]).is_err());
+        assert!(settings(&["--in-memory", "-b", "d"]).is_err());
+        assert!(settings(&["--redis", "redis://x", "-b", "d"]).is_err());
     }
 
     #[test]

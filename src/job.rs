@@ -166,6 +166,22 @@ pub struct TubeStats {
     pub pause_time_left: Duration,
 }
 
+/// The figures of a durable engine's log, as beanstalkd's `binlog-*` fields
+/// show them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// The number of the oldest log file still kept.
+    pub oldest_file: u64,
+    /// The number of the file being written.
+    pub current_file: u64,
+    /// Records written since start.
+    pub records_written: u64,
+    /// Records rewritten by compaction since start.
+    pub records_migrated: u64,
+    /// The size of one log file.
+    pub file_size: u64,
+}
+
 /// The server-wide figures the store keeps.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StoreStats {
@@ -177,4 +193,6 @@ pub struct StoreStats {
     pub total_jobs: u64,
     /// Tubes that exist now.
     pub tubes: u64,
+    /// The log's figures, for an engine that has one.
+    pub log: Option<LogStats>,
 }

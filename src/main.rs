@@ -11,6 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
+use delayq::clock::Clock;
 use delayq::config::{Config, Engine, Flags};
 use delayq::server::{Control, MAX_LINGERING, raise_fd_limit, run};
 use delayq::store::Store;
@@ -54,6 +55,12 @@ async fn main() -> ExitCode {
     }
     let served = match &settings.engine {
         Engine::Memory => serve(listener, MemoryStore::new(), config, control).await,
+        Engine::Durable(options) => {
+            match delayq::store::log::open(options.clone(), Clock::system()) {
+                Ok(store) => serve(listener, store, config, control).await,
+                Err(why) => Err(why),
+            }
+        }
         Engine::Redis { url, prefix } => match RedisStore::connect(url, prefix).await {
             Ok(store) => serve(listener, store, config, control).await,
             Err(e) => Err(format!("cannot connect to Redis: {e}")),

@@ -11,7 +11,7 @@ use std::time::Instant;
 use std::time::Duration;
 
 use super::command::Command;
-use crate::job::{JobState, JobStats, StoreStats, TubeStats};
+use crate::job::{JobState, JobStats, LogStats, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
 
 /// Commands counted in `stats`, in the order beanstalkd prints them, followed
@@ -219,12 +219,16 @@ impl ServerStats {
         field(&mut y, "rusage-utime", user);
         field(&mut y, "rusage-stime", system);
         field(&mut y, "uptime", self.started.elapsed().as_secs());
-        // No binlog: these stay at what beanstalkd prints without one.
-        field(&mut y, "binlog-oldest-index", 0);
-        field(&mut y, "binlog-current-index", 0);
-        field(&mut y, "binlog-records-migrated", 0);
-        field(&mut y, "binlog-records-written", 0);
-        field(&mut y, "binlog-max-size", 10_485_760);
+        // Without a log, these stay at what beanstalkd prints without one.
+        let log = store.log.unwrap_or(LogStats {
+            file_size: 10_485_760,
+            ..LogStats::default()
+        });
+        field(&mut y, "binlog-oldest-index", log.oldest_file);
+        field(&mut y, "binlog-current-index", log.current_file);
+        field(&mut y, "binlog-records-migrated", log.records_migrated);
+        field(&mut y, "binlog-records-written", log.records_written);
+        field(&mut y, "binlog-max-size", log.file_size);
         field(&mut y, "draining", self.is_draining());
         field(&mut y, "id", format_args!("{:016x}", self.instance));
         let host = host();

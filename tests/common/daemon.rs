@@ -42,11 +42,41 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
 pub struct Daemon {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The scratch data directory a durable daemon got when its test named
+    /// none; removed after the process is gone.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
-    /// Starts the binary with `args` added and waits until it accepts.
+    /// Starts the binary with `args` added and waits until it accepts. On
+    /// the embedded engine, durable by default, it gets a scratch data
+    /// directory of its own unless `args` name one (or `--in-memory`): the
+    /// default, `./delayq-data`, would be shared by every test.
     pub async fn start(args: &[&str]) -> Daemon {
+        let chosen = args
+            .iter()
+            .any(|a| ["--redis", "--in-memory", "-b", "--data-dir"].contains(a));
+        if chosen {
+            return Daemon::spawn(args, None).await;
+        }
+        let dir = tempfile::tempdir().expect("a scratch data directory");
+        let path = dir.path().to_str().expect("a UTF-8 temp path").to_string();
+        let mut with_dir = vec!["-b", &path];
+        with_dir.extend_from_slice(args);
+        Daemon::spawn(&with_dir, Some(dir)).await
+    }
+
+    /// Starts the durable engine on the data directory `dir`, which the
+    /// test keeps across restarts.
+    pub async fn durable(dir: &std::path::Path, args: &[&str]) -> Daemon {
+        let path = dir.to_str().expect("a UTF-8 path");
+        let mut with_dir = vec!["-b", path];
+        with_dir.extend_from_slice(args);
+        Daemon::spawn(&with_dir, None).await
+    }
+
+    async fn spawn(args: &[&str], dir: Option<tempfile::TempDir>) -> Daemon {
+        let mut dir = dir;
         // Another test may take the free port first: then try another.
         let mut exited = None;
         for _ in 0..5 {
@@ -60,7 +90,11 @@ impl Daemon {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn delayq");
-            let mut daemon = Daemon { child, addr };
+            let mut daemon = Daemon {
+                child,
+                addr,
+                _dir: dir.take(),
+            };
             // Nothing to await but the port opening: poll for it.
             let start = Instant::now();
             loop {
@@ -69,6 +103,7 @@ impl Daemon {
                 }
                 if let Some(status) = daemon.child.try_wait().expect("try_wait") {
                     exited = Some(status);
+                    dir = daemon._dir.take();
                     break;
                 }
                 assert!(start.elapsed() < REPLY_TIMEOUT, "delayq never listened");

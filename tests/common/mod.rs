@@ -73,7 +73,13 @@ macro_rules! backends {
     };
 }
 
-backends!($ memory => Memory, redis => Redis);
+backends!($ memory => Memory, durable => Durable, redis => Redis);
+
+/// What a test server's engine needs kept while it runs.
+enum Keep {
+    Redis(RedisServer),
+    Dir(tempfile::TempDir),
+}
 
 /// A server running on the current tokio runtime, on its own port.
 /// Dropping it shuts the server down.
@@ -85,9 +91,9 @@ pub struct TestServer {
     /// The backend it runs on.
     pub backend: Backend,
     task: JoinHandle<()>,
-    /// The server's own Redis, for the Redis backend; dropped after `task`
-    /// is told to stop.
-    redis: Option<RedisServer>,
+    /// What the engine needs (its Redis, its data directory); dropped after
+    /// `task` is told to stop.
+    keep: Option<Keep>,
 }
 
 impl TestServer {
@@ -103,10 +109,20 @@ impl TestServer {
             .expect("bind a loopback port");
         let addr = listener.local_addr().expect("local address");
         let control = Control::default();
-        let (task, redis) = match backend {
+        let (task, keep) = match backend {
             Backend::Memory => {
                 let task = tokio::spawn(run(listener, MemoryStore::new(), config, control.clone()));
                 (task, None)
+            }
+            Backend::Durable => {
+                let dir = tempfile::tempdir().expect("a scratch data directory");
+                let store = delayq::store::log::open(
+                    delayq::store::log::Options::new(dir.path()),
+                    delayq::clock::Clock::system(),
+                )
+                .expect("open a fresh data directory");
+                let task = tokio::spawn(run(listener, store, config, control.clone()));
+                (task, Some(Keep::Dir(dir)))
             }
             Backend::Redis => {
                 let redis = RedisServer::start(&[]);
@@ -114,7 +130,7 @@ impl TestServer {
                     .await
                     .expect("connect to the test's redis-server");
                 let task = tokio::spawn(run(listener, store, config, control.clone()));
-                (task, Some(redis))
+                (task, Some(Keep::Redis(redis)))
             }
         };
         TestServer {
@@ -122,13 +138,16 @@ impl TestServer {
             control,
             backend,
             task,
-            redis,
+            keep,
         }
     }
 
     /// The URL of the server's own Redis, on the Redis backend.
     pub fn redis_url(&self) -> Option<&str> {
-        self.redis.as_ref().map(|r| r.url.as_str())
+        match &self.keep {
+            Some(Keep::Redis(r)) => Some(r.url.as_str()),
+            _ => None,
+        }
     }
 
     /// A new client connection.

@@ -2,16 +2,23 @@
 //!
 //! * `state.rs`: the job pool and its indexes, and their upkeep;
 //! * `transitions.rs`: every state change, as a plain synchronous method
-//!   given the time it happens at;
-//! * `stats.rs`: the peeks and figures.
+//!   given the time it happens at and the journal its records go to;
+//! * `stats.rs`: the peeks and figures;
+//! * `journal.rs`: the records a change leaves, and the [`Log`] they go to;
+//! * `replay.rs`: the state rebuilt from records, and written out as them.
 //!
 //! [`MemoryStore`] is the [`Store`] over them: each call takes the mutex,
-//! reads the clock, runs one transition and lets go. The mutex is a `std`
-//! one and is never held across an `.await`.
+//! reads the clock, runs one transition and lets go; then, if the change
+//! must be safe before its reply, it waits for its log. With no log
+//! ([`Volatile`]) that is the memory-only engine; with the write-ahead log
+//! of `src/store/log/` it is the durable one. The mutex is a `std` one and
+//! is never held across an `.await`.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+pub mod journal;
+pub mod replay;
 mod state;
 mod stats;
 mod transitions;
@@ -23,11 +30,13 @@ use crate::error::StoreResult;
 use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
 use crate::store::{ConnId, Store, Tick, TubeRef};
+use journal::{Log, Volatile, Written};
 
-/// The embedded storage engine, in memory only.
-pub struct MemoryStore {
-    state: Mutex<State>,
+/// The embedded storage engine; in memory only unless given a log.
+pub struct MemoryStore<L: Log = Volatile> {
+    state: Arc<Mutex<State>>,
     clock: Clock,
+    log: L,
 }
 
 impl Default for MemoryStore {
@@ -37,18 +46,33 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store holding only the `default` tube.
+    /// An empty store holding only the `default` tube, in memory only.
     pub fn new() -> MemoryStore {
         MemoryStore::with_clock(Clock::system())
     }
 
-    /// An empty store that reads the time from `clock` (a test's manual
-    /// clock, so that delays pass without sleeping).
+    /// An empty in-memory store that reads the time from `clock` (a test's
+    /// manual clock, so that delays pass without sleeping).
     pub fn with_clock(clock: Clock) -> MemoryStore {
-        MemoryStore {
-            state: Mutex::new(State::new()),
-            clock,
-        }
+        MemoryStore::from_parts(Arc::new(Mutex::new(State::new())), clock, Volatile)
+    }
+}
+
+/// Whether a change waits for its log before its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    /// After its records are as safe as the log promises (a change the reply
+    /// acknowledges: a put, delete, release, bury, kick).
+    WhenSafe,
+    /// At once (a reserve, a touch, a pause: nothing a client relies on
+    /// surviving a crash).
+    AtOnce,
+}
+
+impl<L: Log> MemoryStore<L> {
+    /// A store over `state`, reading `clock`, writing its records to `log`.
+    pub fn from_parts(state: Arc<Mutex<State>>, clock: Clock, log: L) -> MemoryStore<L> {
+        MemoryStore { state, clock, log }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -56,37 +80,73 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs `f` on the state at the current time.
-    fn at_now<T>(&self, f: impl FnOnce(&mut State, Micros) -> T) -> StoreResult<T> {
-        let mut state = self.lock();
-        let now = self.clock.now();
-        Ok(f(&mut state, now))
+    /// Reads the state at the current time.
+    fn read<T>(&self, f: impl FnOnce(&State, Micros) -> T) -> StoreResult<T> {
+        let state = self.lock();
+        Ok(f(&state, self.clock.now()))
+    }
+
+    /// Runs one transition at the current time, its records going to the
+    /// log, and answers as `reply` says.
+    async fn change<T>(
+        &self,
+        reply: Reply,
+        f: impl FnOnce(&mut State, Micros, &mut L::Journal<'_>) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let (out, written) = {
+            let mut state = self.lock();
+            let now = self.clock.now();
+            let mut journal = self.log.journal();
+            let out = f(&mut state, now, &mut journal);
+            (out, journal.written())
+        };
+        if reply == Reply::WhenSafe && out.is_ok() {
+            // Also for a change that wrote nothing (a put answered EXISTS, a
+            // delete of a job deleted a moment ago): what it answers about
+            // may still be on its way to the disk.
+            self.log.settle(written).await?;
+        }
+        out
     }
 }
 
-impl Store for MemoryStore {
+use Reply::{AtOnce, WhenSafe};
+
+impl<L: Log> Store for MemoryStore<L> {
     async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
-        self.at_now(|st, now| st.put(job, now))
+        self.change(WhenSafe, |st, now, log| st.put(job, now, log))
+            .await
     }
 
     async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
-        self.at_now(|st, now| st.reserve(conn, tubes, now))
+        self.change(AtOnce, |st, now, log| Ok(st.reserve(conn, tubes, now, log)))
+            .await
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
-        self.at_now(|st, now| st.reserve_job(conn, id, now))
+        self.change(
+            AtOnce,
+            |st, now, log| Ok(st.reserve_job(conn, id, now, log)),
+        )
+        .await
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
-        self.at_now(|st, _| st.give_back(conn, id))
+        self.change(AtOnce, |st, _, log| {
+            st.give_back(conn, id, log);
+            Ok(())
+        })
+        .await
     }
 
     async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        self.at_now(|st, _| st.delete(conn, id))
+        self.change(WhenSafe, |st, _, log| Ok(st.delete(conn, id, log)))
+            .await
     }
 
     async fn finish(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        self.at_now(|st, _| st.finish(conn, id))
+        self.change(WhenSafe, |st, _, log| Ok(st.finish(conn, id, log)))
+            .await
     }
 
     async fn release(
@@ -96,78 +156,100 @@ impl Store for MemoryStore {
         pri: u32,
         delay: Duration,
     ) -> StoreResult<Option<Tube>> {
-        self.at_now(|st, now| st.release(conn, id, pri, delay, now))
+        self.change(WhenSafe, |st, now, log| {
+            st.release(conn, id, pri, delay, now, log)
+        })
+        .await
     }
 
     async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
-        self.at_now(|st, _| st.bury(conn, id, pri))
+        self.change(WhenSafe, |st, _, log| st.bury(conn, id, pri, log))
+            .await
     }
 
     async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
-        self.at_now(|st, now| st.touch(conn, id, now))
+        self.change(AtOnce, |st, now, _| Ok(st.touch(conn, id, now)))
+            .await
     }
 
     async fn kick(&self, tube: &Tube, bound: u64) -> StoreResult<u64> {
-        self.at_now(|st, _| st.kick(tube, bound))
+        self.change(WhenSafe, |st, _, log| st.kick(tube, bound, log))
+            .await
     }
 
     async fn kick_job(&self, id: &JobId) -> StoreResult<Option<Tube>> {
-        self.at_now(|st, _| st.kick_job(id))
+        self.change(WhenSafe, |st, _, log| st.kick_job(id, log))
+            .await
     }
 
     async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
-        Ok(self.lock().peek(id))
+        self.read(|st, _| st.peek(id))
     }
 
     async fn peek_ready(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
-        Ok(self.lock().peek_ready(tube))
+        self.read(|st, _| st.peek_ready(tube))
     }
 
     async fn peek_delayed(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
-        Ok(self.lock().peek_delayed(tube))
+        self.read(|st, _| st.peek_delayed(tube))
     }
 
     async fn peek_buried(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
-        Ok(self.lock().peek_buried(tube))
+        self.read(|st, _| st.peek_buried(tube))
     }
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
-        self.at_now(|st, now| st.stats_job(id, now))
+        self.read(|st, now| st.stats_job(id, now))
     }
 
     async fn stats_tube(&self, tube: &Tube) -> StoreResult<Option<TubeStats>> {
-        self.at_now(|st, now| st.stats_tube(tube, now))
+        self.read(|st, now| st.stats_tube(tube, now))
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {
-        Ok(self.lock().stats())
+        let mut stats = self.read(|st, _| st.stats())?;
+        stats.log = self.log.stats();
+        Ok(stats)
     }
 
     async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
-        Ok(self.lock().list_tubes())
+        self.read(|st, _| st.list_tubes())
     }
 
     async fn pause_tube(&self, tube: &Tube, delay: Duration) -> StoreResult<bool> {
-        self.at_now(|st, now| st.pause_tube(tube, delay, now))
+        self.change(AtOnce, |st, now, log| {
+            Ok(st.pause_tube(tube, delay, now, log))
+        })
+        .await
     }
 
     async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
-        self.at_now(|st, _| st.release_all(conn, held))
+        self.change(AtOnce, |st, _, _| Ok(st.release_all(conn, held)))
+            .await
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
-        self.at_now(|st, now| st.tick(now))
+        self.change(AtOnce, |st, now, log| Ok(st.tick(now, log)))
+            .await
     }
 
     async fn attach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
-        self.at_now(|st, _| st.attach(tube, how))
+        self.change(AtOnce, |st, _, _| {
+            st.attach(tube, how);
+            Ok(())
+        })
+        .await
     }
 
     async fn detach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
-        self.at_now(|st, _| st.detach(tube, how))
+        self.change(AtOnce, |st, _, _| {
+            st.detach(tube, how);
+            Ok(())
+        })
+        .await
     }
 
     fn describe(&self) -> String {
-        "embedded, in memory only".into()
+        format!("embedded, {}", self.log.describe())
     }
 }

@@ -22,6 +22,7 @@ use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use indexmap::IndexMap;
 use slab::Slab;
 
+use super::journal::{JobImage, Meta, Stored};
 use crate::clock::Micros;
 use crate::job::{Counts, JobBody, JobCounters};
 use crate::names::{JobId, Tube};
@@ -41,6 +42,18 @@ pub(super) enum St {
     Delayed { due: Micros },
     Reserved { deadline: Micros },
     Buried { seq: u64 },
+}
+
+impl St {
+    /// The state as a log keeps it.
+    pub fn stored(self) -> Stored {
+        match self {
+            St::Ready => Stored::Ready,
+            St::Delayed { due } => Stored::Delayed(due),
+            St::Reserved { .. } => Stored::Reserved,
+            St::Buried { seq } => Stored::Buried(seq),
+        }
+    }
 }
 
 pub(super) struct Job {
@@ -72,6 +85,29 @@ impl Job {
             id: self.id(),
             tube: self.tube.clone(),
             body: Bytes::copy_from_slice(&self.body),
+        }
+    }
+
+    /// What a log keeps of the job's changing part.
+    pub fn meta(&self) -> Meta {
+        Meta {
+            key: self.key,
+            pri: self.pri,
+            delay: self.delay,
+            state: self.state.stored(),
+            counters: self.counters,
+        }
+    }
+
+    /// The whole job, as a log keeps it.
+    pub fn image(&self) -> JobImage<'_> {
+        JobImage {
+            meta: self.meta(),
+            name: self.name.as_deref(),
+            tube: self.tube.as_str(),
+            ttr: self.ttr,
+            created: self.created,
+            body: &self.body,
         }
     }
 }
@@ -334,15 +370,21 @@ impl State {
         self.link(slot, st, conn);
     }
 
-    /// Removes a job altogether; returns it.
+    /// Removes a job altogether (a delete); returns it.
     pub(super) fn remove(&mut self, slot: Slot) -> Job {
-        self.unlink(slot);
-        let job = self.take(slot);
+        let job = self.discard(slot);
         if let Some(ts) = self.tubes.get_mut(&job.tube) {
             ts.cmd_delete += 1;
         }
         self.forget_if_unused(&job.tube);
         job
+    }
+
+    /// Takes a job out of its index and the pool, counting nothing (a
+    /// replay replacing or dropping it).
+    pub(super) fn discard(&mut self, slot: Slot) -> Job {
+        self.unlink(slot);
+        self.take(slot)
     }
 
     /// Makes a job ready, noting its tube among those to serve.

@@ -92,6 +92,7 @@ impl State {
             job_timeouts: self.timeouts,
             total_jobs: self.total_jobs,
             tubes: self.tubes.len() as u64,
+            log: None,
         }
     }
 

@@ -1,13 +1,18 @@
 //! The embedded engine's transitions: plain synchronous methods on
-//! [`State`], each one whole state change, given the time it happens at.
+//! [`State`], each one whole state change, given the time it happens at and
+//! the [`Journal`] its records go to.
 //!
 //! They know nothing of locks, clocks or files: [`super::MemoryStore`] calls
-//! them under its mutex with the clock's reading.
+//! them under its mutex with the clock's reading. A change that must be kept
+//! is recorded before it is made, so that one the log refuses (no room on
+//! disk) is not made at all.
 
 use std::time::Duration;
 
+use super::journal::{Journal, Meta, Record};
 use super::state::{Job, NO_CONN, Slot, St, State};
 use crate::clock::{Micros, micros};
+use crate::error::StoreResult;
 use crate::job::{JobCounters, NewJob, PutOutcome, Reserved};
 use crate::names::{JobId, Tube};
 use crate::rules::{KickFrom, kick_from};
@@ -29,22 +34,20 @@ fn ready_or_delayed(delay: Micros, now: Micros) -> St {
 
 impl State {
     /// Inserts a job, ready or delayed.
-    pub fn put(&mut self, new: NewJob, now: Micros) -> PutOutcome {
+    pub fn put(
+        &mut self,
+        new: NewJob,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> StoreResult<PutOutcome> {
         if let Some(name) = &new.id
             && self.names.contains_key(name)
         {
-            return PutOutcome::Exists(JobId::Client(name.clone()));
+            return Ok(PutOutcome::Exists(JobId::Client(name.clone())));
         }
         let key = self.next_key;
-        self.next_key += 1;
-        self.total_jobs += 1;
-        self.tubes.entry(new.tube.clone()).or_default().total_jobs += 1;
         let delay = micros(new.delay);
-        let id = match &new.id {
-            Some(name) => JobId::Client(name.clone()),
-            None => JobId::Server(key),
-        };
-        let slot = self.insert(Job {
+        let job = Job {
             key,
             name: new.id,
             tube: new.tube,
@@ -52,18 +55,29 @@ impl State {
             delay,
             ttr: micros(new.ttr),
             created: now,
-            // Replaced by `link` straight away.
-            state: St::Ready,
+            state: ready_or_delayed(delay, now),
             counters: JobCounters::default(),
             // The codec hands over a body that owns its bytes exactly, so
             // this takes them without copying.
             body: Vec::from(new.body).into_boxed_slice(),
-        });
-        self.link(slot, ready_or_delayed(delay, now), NO_CONN);
-        PutOutcome::Inserted(id)
+        };
+        log.keep(Record::Job(job.image()))?;
+        self.next_key += 1;
+        self.total_jobs += 1;
+        self.tubes.entry(job.tube.clone()).or_default().total_jobs += 1;
+        let (id, state) = (job.id(), job.state);
+        let slot = self.insert(job);
+        self.link(slot, state, NO_CONN);
+        Ok(PutOutcome::Inserted(id))
     }
 
-    fn reserve_slot(&mut self, conn: ConnId, slot: Slot, now: Micros) -> Reserved {
+    fn reserve_slot(
+        &mut self,
+        conn: ConnId,
+        slot: Slot,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> Reserved {
         let job = &mut self.jobs[slot];
         job.counters.reserves += 1;
         let ttr = job.ttr;
@@ -74,14 +88,22 @@ impl State {
             },
             conn,
         );
+        let job = &self.jobs[slot];
+        log.note(Record::Meta(job.meta()));
         Reserved {
-            job: self.jobs[slot].body(),
+            job: job.body(),
             ttr: Duration::from_micros(ttr),
         }
     }
 
     /// Reserves the most urgent ready job of the unpaused `tubes` for `conn`.
-    pub fn reserve(&mut self, conn: ConnId, tubes: &[Tube], now: Micros) -> Option<Reserved> {
+    pub fn reserve(
+        &mut self,
+        conn: ConnId,
+        tubes: &[Tube],
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> Option<Reserved> {
         let (_, key) = tubes
             .iter()
             .filter_map(|t| self.tubes.get(t))
@@ -89,46 +111,83 @@ impl State {
             .filter_map(|ts| ts.ready.first().copied())
             .min()?;
         let slot = self.indexed(key);
-        Some(self.reserve_slot(conn, slot, now))
+        Some(self.reserve_slot(conn, slot, now, log))
     }
 
     /// Reserves one job by id, if it is not reserved already.
-    pub fn reserve_job(&mut self, conn: ConnId, id: &JobId, now: Micros) -> Option<Reserved> {
+    pub fn reserve_job(
+        &mut self,
+        conn: ConnId,
+        id: &JobId,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> Option<Reserved> {
         let slot = self.slot_of(id)?;
         if matches!(self.jobs[slot].state, St::Reserved { .. }) {
             return None;
         }
-        Some(self.reserve_slot(conn, slot, now))
+        Some(self.reserve_slot(conn, slot, now, log))
     }
 
     /// Undoes a reservation that never reached its client.
-    pub fn give_back(&mut self, conn: ConnId, id: &JobId) {
+    pub fn give_back(&mut self, conn: ConnId, id: &JobId, log: &mut impl Journal) {
         if let Some(slot) = self.held_by(conn, id) {
             let job = &mut self.jobs[slot];
             job.counters.reserves = job.counters.reserves.saturating_sub(1);
             self.relink(slot, St::Ready, NO_CONN);
+            log.note(Record::Meta(self.jobs[slot].meta()));
         }
     }
 
+    /// Removes a job for good and records it.
+    fn drop_job(&mut self, slot: Slot, log: &mut impl Journal) {
+        let job = self.remove(slot);
+        log.forget(&job.image());
+    }
+
     /// Deletes a job that is not reserved, or is reserved by `conn`.
-    pub fn delete(&mut self, conn: ConnId, id: &JobId) -> bool {
+    pub fn delete(&mut self, conn: ConnId, id: &JobId, log: &mut impl Journal) -> bool {
         let Some(slot) = self.slot_of(id) else {
             return false;
         };
         if self.holder(slot).is_some_and(|holder| holder != conn) {
             return false;
         }
-        self.remove(slot);
+        self.drop_job(slot, log);
         true
     }
 
     /// Deletes a job only if `conn` has it reserved.
-    pub fn finish(&mut self, conn: ConnId, id: &JobId) -> bool {
+    pub fn finish(&mut self, conn: ConnId, id: &JobId, log: &mut impl Journal) -> bool {
         let Some(slot) = self.held_by(conn, id) else {
             return false;
         };
-        self.remove(slot);
+        self.drop_job(slot, log);
         true
+    }
+
+    /// Records the job in `slot` as `change` leaves it, then makes the
+    /// change (moving it to `st`, held by `conn`); nothing changes if the
+    /// log refuses.
+    fn change(
+        &mut self,
+        slot: Slot,
+        st: St,
+        conn: ConnId,
+        log: &mut impl Journal,
+        change: impl Fn(&mut Meta),
+    ) -> StoreResult<()> {
+        let mut meta = self.jobs[slot].meta();
+        change(&mut meta);
+        meta.state = st.stored();
+        log.keep(Record::Meta(meta))?;
+        self.unlink(slot);
+        let job = &mut self.jobs[slot];
+        job.pri = meta.pri;
+        job.delay = meta.delay;
+        job.counters = meta.counters;
+        self.link(slot, st, conn);
+        Ok(())
     }
 
     /// Puts a job reserved by `conn` back, ready or delayed; returns its tube.
@@ -139,34 +198,42 @@ impl State {
         pri: u32,
         delay: Duration,
         now: Micros,
-    ) -> Option<Tube> {
-        let slot = self.held_by(conn, id)?;
-        self.unlink(slot);
-        let job = &mut self.jobs[slot];
-        job.pri = pri;
-        job.counters.releases += 1;
-        job.delay = micros(delay);
-        let (st, tube) = (ready_or_delayed(job.delay, now), job.tube.clone());
-        self.link(slot, st, NO_CONN);
-        Some(tube)
+        log: &mut impl Journal,
+    ) -> StoreResult<Option<Tube>> {
+        let Some(slot) = self.held_by(conn, id) else {
+            return Ok(None);
+        };
+        let delay = micros(delay);
+        self.change(slot, ready_or_delayed(delay, now), NO_CONN, log, |m| {
+            m.pri = pri;
+            m.delay = delay;
+            m.counters.releases += 1;
+        })?;
+        Ok(Some(self.jobs[slot].tube.clone()))
     }
 
     /// Buries a job reserved by `conn`.
-    pub fn bury(&mut self, conn: ConnId, id: &JobId, pri: u32) -> bool {
+    pub fn bury(
+        &mut self,
+        conn: ConnId,
+        id: &JobId,
+        pri: u32,
+        log: &mut impl Journal,
+    ) -> StoreResult<bool> {
         let Some(slot) = self.held_by(conn, id) else {
-            return false;
+            return Ok(false);
         };
-        self.unlink(slot);
-        self.bury_seq += 1;
-        let seq = self.bury_seq;
-        let job = &mut self.jobs[slot];
-        job.pri = pri;
-        job.counters.buries += 1;
-        self.link(slot, St::Buried { seq }, NO_CONN);
-        true
+        let seq = self.bury_seq + 1;
+        self.change(slot, St::Buried { seq }, NO_CONN, log, |m| {
+            m.pri = pri;
+            m.counters.buries += 1;
+        })?;
+        self.bury_seq = seq;
+        Ok(true)
     }
 
-    /// Restarts the TTR of a job reserved by `conn`; returns the TTR.
+    /// Restarts the TTR of a job reserved by `conn`; returns the TTR. Not
+    /// recorded: after a restart the job is ready whatever its deadline was.
     pub fn touch(&mut self, conn: ConnId, id: &JobId, now: Micros) -> Option<Duration> {
         let slot = self.held_by(conn, id)?;
         let ttr = self.jobs[slot].ttr;
@@ -175,42 +242,58 @@ impl State {
         Some(Duration::from_micros(ttr))
     }
 
-    /// Kicks up to `bound` jobs of `tube` (see [`kick_from`]).
-    pub fn kick(&mut self, tube: &Tube, bound: u64) -> u64 {
+    /// Kicks one job to ready.
+    fn kick_slot(&mut self, slot: Slot, log: &mut impl Journal) -> StoreResult<()> {
+        self.change(slot, St::Ready, NO_CONN, log, |m| m.counters.kicks += 1)
+    }
+
+    /// Kicks up to `bound` jobs of `tube` (see [`kick_from`]). Stops early
+    /// if the log refuses, and fails only if it refused the first.
+    pub fn kick(&mut self, tube: &Tube, bound: u64, log: &mut impl Journal) -> StoreResult<u64> {
         let Some(ts) = self.tubes.get(tube) else {
-            return 0;
+            return Ok(0);
         };
         let bound = usize::try_from(bound).unwrap_or(usize::MAX);
         let keys: Vec<u64> = match kick_from(ts.buried.len() as u64) {
             KickFrom::Buried => ts.buried.iter().take(bound).map(|&(_, k)| k).collect(),
             KickFrom::Delayed => ts.delayed.iter().take(bound).map(|&(_, k)| k).collect(),
         };
-        let mut ready = Vec::new();
-        for &key in &keys {
+        for (kicked, &key) in keys.iter().enumerate() {
             let slot = self.indexed(key);
-            self.jobs[slot].counters.kicks += 1;
-            self.make_ready(slot, &mut ready);
+            if let Err(e) = self.kick_slot(slot, log) {
+                return if kicked == 0 {
+                    Err(e)
+                } else {
+                    Ok(kicked as u64)
+                };
+            }
         }
-        keys.len() as u64
+        Ok(keys.len() as u64)
     }
 
     /// Kicks one buried or delayed job; returns its tube.
-    pub fn kick_job(&mut self, id: &JobId) -> Option<Tube> {
-        let slot = self.slot_of(id)?;
+    pub fn kick_job(&mut self, id: &JobId, log: &mut impl Journal) -> StoreResult<Option<Tube>> {
+        let Some(slot) = self.slot_of(id) else {
+            return Ok(None);
+        };
         if !matches!(
             self.jobs[slot].state,
             St::Buried { .. } | St::Delayed { .. }
         ) {
-            return None;
+            return Ok(None);
         }
-        self.jobs[slot].counters.kicks += 1;
-        let mut ready = Vec::new();
-        self.make_ready(slot, &mut ready);
-        ready.pop()
+        self.kick_slot(slot, log)?;
+        Ok(Some(self.jobs[slot].tube.clone()))
     }
 
     /// Pauses an existing tube for `delay` (zero resumes it).
-    pub fn pause_tube(&mut self, tube: &Tube, delay: Duration, now: Micros) -> bool {
+    pub fn pause_tube(
+        &mut self,
+        tube: &Tube,
+        delay: Duration,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> bool {
         let Some(ts) = self.tubes.get_mut(tube) else {
             return false;
         };
@@ -224,11 +307,17 @@ impl State {
         if delay > 0 {
             self.pauses.insert((until, tube.clone()));
         }
+        log.note(Record::Pause {
+            tube: tube.as_str(),
+            length: delay,
+            until: if delay > 0 { until } else { 0 },
+        });
         true
     }
 
     /// Returns to ready the jobs of `held` that `conn` still holds; returns
-    /// the tubes that got jobs back.
+    /// the tubes that got jobs back. Not recorded: a restart makes them
+    /// ready too, and nothing else about them changed.
     pub fn release_all(&mut self, conn: ConnId, held: &[JobId]) -> Vec<Tube> {
         let mut ready = Vec::new();
         for id in held {
@@ -240,7 +329,9 @@ impl State {
     }
 
     /// Moves what has fallen due by `now`, a bounded amount at a time.
-    pub fn tick(&mut self, now: Micros) -> Tick {
+    /// Only timeouts are recorded (for their counters): a due time passed
+    /// is a due time passed after a restart too.
+    pub fn tick(&mut self, now: Micros, log: &mut impl Journal) -> Tick {
         let mut ready = Vec::new();
         let mut budget = TICK_BATCH;
         while budget > 0 {
@@ -271,6 +362,7 @@ impl State {
             self.jobs[slot].counters.timeouts += 1;
             self.timeouts += 1;
             self.make_ready(slot, &mut ready);
+            log.note(Record::Meta(self.jobs[slot].meta()));
             budget -= 1;
         }
         while let Some((until, tube)) = self.pauses.first().cloned() {

@@ -204,5 +204,6 @@ pub(super) fn store_stats(v: Vec<u64>) -> StoreResult<StoreStats> {
         job_timeouts: timeouts,
         total_jobs: total,
         tubes,
+        log: None,
     })
 }

@@ -1,0 +1,220 @@
+//! The keeper thread: keeps a spare log file prepared, and compacts the log.
+//!
+//! Compaction is a snapshot: every live job, read a few at a time from the
+//! state (a lock held for a few hundred jobs, never for all of them), is
+//! written to a new file, which is synced and renamed into place, the
+//! directory synced; only then do the log files wholly before the
+//! snapshot's start go (recycled as spares, or removed). Records written
+//! while the snapshot was being read are replayed on top of it at recovery
+//! (see `store/memory/replay.rs`), so commands never wait for it.
+//!
+//! It runs when a new log file begins and the bytes held for jobs that no
+//! longer exist (the garbage) are at least the live jobs' bytes and half a
+//! file: the directory then holds the live jobs plus at most as much again,
+//! and a restart reads little more than the live jobs.
+//!
+//! When the disk is full, preparing a spare fails: puts are refused (the
+//! writer finds no room), the keeper says so once a second, and tries again
+//! until it succeeds, so puts come back by themselves once there is room.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use super::files::{HEADER, Kind, header, log_path, prepare_spare, snapshot_path, sync_dir};
+use super::record::{encode, encode_end};
+use super::writer::{Shared, Spare};
+use crate::store::memory::journal::Record;
+
+/// How long the keeper waits before trying again after a failure.
+const RETRY: Duration = Duration::from_secs(1);
+/// Jobs read per lock of the state while taking a snapshot.
+const DUMP_BATCH: usize = 256;
+
+/// The engine's state, as the keeper reads it for a snapshot.
+pub trait Source: Send + Sync + 'static {
+    /// Runs `f` with the state locked, so that no transition is half done
+    /// (its record appended but its change not made, or the reverse).
+    fn locked(&self, f: &mut dyn FnMut());
+    /// Hands `out` up to `max` jobs from slot `from` on; returns where to go
+    /// on, or `None` at the end.
+    fn dump(&self, from: usize, max: usize, out: &mut dyn FnMut(Record<'_>)) -> Option<usize>;
+    /// Hands `out` the records a snapshot ends with.
+    fn dump_rest(&self, out: &mut dyn FnMut(Record<'_>));
+}
+
+/// Runs the keeper until the log stops.
+pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, mut next_spare: u64) {
+    let mut complained: Option<Instant> = None;
+    loop {
+        let (want_spare, want_snapshot) = {
+            let mut b = shared.lock();
+            loop {
+                if b.stopping {
+                    return;
+                }
+                let want_spare = b.spares.len() < shared.spares_wanted && b.failed.is_none();
+                if want_spare || b.compact {
+                    break (want_spare, b.compact);
+                }
+                b = shared
+                    .chores
+                    .wait(b)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let mut failed = false;
+        if want_spare {
+            let path = shared.dir.join(format!("spare.{next_spare}"));
+            next_spare += 1;
+            match prepare_spare(&path, shared.file_size) {
+                Ok(file) => {
+                    shared.lock().spares.push_back(Spare { path, file });
+                    if complained.take().is_some() {
+                        info!("room on disk again: the next log file is ready");
+                    }
+                }
+                Err(e) => {
+                    failed = true;
+                    if complained.is_none_or(|at| at.elapsed() >= RETRY) {
+                        complained = Some(Instant::now());
+                        warn!(
+                            dir = %shared.dir.display(), error = %e,
+                            "cannot prepare the next log file: puts answer OUT_OF_MEMORY \
+                             once the room left is needed for deletes; retrying every second"
+                        );
+                    }
+                    // The old files a snapshot would free may be the room.
+                    shared.lock().compact = true;
+                }
+            }
+        }
+        if want_snapshot {
+            shared.lock().compact = false;
+            if let Err(e) = snapshot(&shared, source.as_ref(), &mut next_spare) {
+                failed = true;
+                warn!(error = %e, "compaction failed; trying again later");
+            }
+        }
+        if failed {
+            let b = shared.lock();
+            if b.stopping {
+                return;
+            }
+            drop(
+                shared
+                    .chores
+                    .wait_timeout(b, RETRY)
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+        }
+    }
+}
+
+/// Takes a snapshot, then lets go of what it makes needless.
+fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::Result<()> {
+    let mut start = (0, 0);
+    source.locked(&mut || {
+        let b = shared.lock();
+        start = (b.next_seq, b.appended);
+    });
+    let (start, appended_at_start) = start;
+    let tmp = shared.dir.join("snapshot.tmp");
+    let written = write_snapshot(&tmp, start, source);
+    let (records, bytes) = match written {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    fs::rename(&tmp, snapshot_path(&shared.dir, start))?;
+    sync_dir(&shared.dir)?;
+    shared
+        .records_migrated
+        .fetch_add(records, Ordering::Relaxed);
+    // The snapshot is safe: older snapshots and the log files wholly
+    // before its start are needless now.
+    let (old_files, keep_spares) = {
+        let mut b = shared.lock();
+        b.snapshot_at = appended_at_start;
+        b.snapshot_bytes = bytes;
+        let current = b.number;
+        let mut old = Vec::new();
+        let numbers: Vec<(u64, u64)> = b.files.iter().map(|(&n, &f)| (n, f)).collect();
+        for pair in numbers.windows(2) {
+            let ((n, _), (_, next_first)) = (pair[0], pair[1]);
+            if next_first <= start && n != current {
+                old.push(n);
+            }
+        }
+        for n in &old {
+            b.files.remove(n);
+        }
+        (old, shared.spares_wanted.saturating_sub(b.spares.len()))
+    };
+    let mut recycled = Vec::new();
+    for (i, n) in old_files.iter().enumerate() {
+        let path = log_path(&shared.dir, *n);
+        if i < keep_spares {
+            let spare = shared.dir.join(format!("spare.{next_spare}"));
+            *next_spare += 1;
+            fs::rename(&path, &spare)?;
+            recycled.push(spare);
+        } else {
+            fs::remove_file(&path)?;
+        }
+    }
+    for entry in fs::read_dir(&shared.dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if let Some(hex) = name.strip_prefix("snapshot.")
+            && u64::from_str_radix(hex, 16).is_ok_and(|s| s < start)
+        {
+            fs::remove_file(&path)?;
+        }
+    }
+    sync_dir(&shared.dir)?;
+    for path in recycled {
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        shared.lock().spares.push_back(Spare { path, file });
+    }
+    Ok(())
+}
+
+/// Writes every job and what follows them to `path`, synced; returns how
+/// many records and bytes it holds.
+fn write_snapshot(path: &PathBuf, start: u64, source: &dyn Source) -> io::Result<(u64, u64)> {
+    let file = File::create(path)?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    out.write_all(&header(Kind::Snapshot, start, 0))?;
+    let mut bytes = HEADER;
+    let mut count = 0u64;
+    let mut scratch = Vec::new();
+    let mut from = Some(0);
+    while let Some(at) = from {
+        scratch.clear();
+        from = source.dump(at, DUMP_BATCH, &mut |r| {
+            count += 1;
+            encode(&mut scratch, count, 0, &r);
+        });
+        out.write_all(&scratch)?;
+        bytes += scratch.len() as u64;
+    }
+    scratch.clear();
+    source.dump_rest(&mut |r| {
+        count += 1;
+        encode(&mut scratch, count, 0, &r);
+    });
+    encode_end(&mut scratch, count + 1, count);
+    out.write_all(&scratch)?;
+    bytes += scratch.len() as u64;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    Ok((count, bytes))
+}

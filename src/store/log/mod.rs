@@ -1,0 +1,291 @@
+//! The durable embedded engine's write-ahead log: the embedded engine's
+//! state in memory, every change also appended to a log in a data
+//! directory, so that a restart, a crash or a power cut loses nothing
+//! acknowledged.
+//!
+//! * `record.rs`: the bytes of a record (length, CRC-32C, number, payload);
+//! * `files.rs`: the directory: its lock, file names and headers, spares;
+//! * `writer.rs`: appending under the state's lock, and the writer thread
+//!   that writes and syncs groups of records (group commit);
+//! * `keeper.rs`: the thread that prepares spare files and compacts the log
+//!   into snapshots;
+//! * `recovery.rs`: the snapshot and the log back into the state at start.
+//!
+//! The engine's state knows nothing of this: it writes its
+//! [`Record`](crate::store::memory::journal::Record)s to a journal, and
+//! [`Wal`] is the journal's log. [`open`] recovers a directory and returns
+//! the engine over it.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use tracing::info;
+
+mod files;
+mod keeper;
+mod record;
+mod recovery;
+mod writer;
+
+pub use writer::SyncPolicy;
+
+use crate::clock::Clock;
+use crate::error::{StoreError, StoreResult};
+use crate::job::LogStats;
+use crate::store::memory::journal::{Log, Record};
+use crate::store::memory::{MemoryStore, State};
+use files::{HEADER, Kind, header, log_path, sync_dir};
+use keeper::Source;
+use writer::{Appender, Shared, Spare};
+
+/// The durable embedded engine.
+pub type DurableStore = MemoryStore<Wal>;
+
+/// beanstalkd's `-s` is 10 MiB; smaller files let the directory of a queue
+/// with few live jobs stay small (the file being written and one spare,
+/// each this size, are most of it), and a file is still thousands of records.
+pub const DEFAULT_FILE_SIZE: u64 = 2 << 20;
+
+/// How a data directory is opened.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The directory; created if missing.
+    pub dir: PathBuf,
+    /// When a change counts as safe.
+    pub policy: SyncPolicy,
+    /// The size of each log file, raised if need be so that the largest
+    /// job fits in one.
+    pub file_size: u64,
+    /// The largest job body, in bytes.
+    pub max_job_size: usize,
+    /// Start despite damage, skipping damaged records.
+    pub salvage: bool,
+}
+
+impl Options {
+    /// Default options for `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Options {
+        Options {
+            dir: dir.into(),
+            policy: SyncPolicy::Always,
+            file_size: DEFAULT_FILE_SIZE,
+            max_job_size: crate::config::DEFAULT_MAX_JOB_SIZE,
+            salvage: false,
+        }
+    }
+}
+
+/// The log behind the durable engine.
+pub struct Wal {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    /// Held while the engine runs.
+    _lock: std::fs::File,
+}
+
+/// The state, as the keeper reads it.
+struct StateSource(Arc<Mutex<State>>);
+
+impl StateSource {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Source for StateSource {
+    fn locked(&self, f: &mut dyn FnMut()) {
+        let _state = self.lock();
+        f();
+    }
+
+    fn dump(&self, from: usize, max: usize, out: &mut dyn FnMut(Record<'_>)) -> Option<usize> {
+        self.lock().dump(from, max, &mut |r| out(r))
+    }
+
+    fn dump_rest(&self, out: &mut dyn FnMut(Record<'_>)) {
+        self.lock().dump_rest(&mut |r| out(r));
+    }
+}
+
+/// Opens (or creates) the data directory, recovers its jobs, and returns the
+/// engine over it, its log running. The error says what stopped it (another
+/// process holds the directory, damage and where, an I/O error).
+pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
+    std::fs::create_dir_all(&options.dir).map_err(|e| {
+        format!(
+            "cannot create the data directory {}: {e}",
+            options.dir.display()
+        )
+    })?;
+    // Said in full at start, so nobody has to guess which directory it was.
+    let dir = &std::fs::canonicalize(&options.dir).map_err(|e| {
+        format!(
+            "cannot find the data directory {}: {e}",
+            options.dir.display()
+        )
+    })?;
+    let lock = files::lock(dir)?;
+    let listing = files::list(dir).map_err(|e| format!("cannot read the data directory: {e}"))?;
+    // The largest record, a job with the largest body and names, must fit
+    // in a file of its own.
+    let largest = options.max_job_size as u64 + 1024;
+    let file_size = options.file_size.max(HEADER + largest);
+    let mut state = State::new();
+    let started = std::time::Instant::now();
+    let got = recovery::recover(&listing, &mut state, options.salvage)?;
+    state.replayed(clock.now());
+    let (mut live_jobs, mut live_bytes) = (0u64, 0u64);
+    let mut from = Some(0);
+    while let Some(at) = from {
+        from = state.dump(at, usize::MAX, &mut |r| {
+            live_jobs += 1;
+            live_bytes += record::encoded_len(&r) as u64;
+        });
+    }
+    let mut files = got.files;
+    let (number, current, used) = match got.current {
+        Some(current) => current,
+        None => {
+            let number = files.keys().next_back().map_or(1, |n| n + 1);
+            let path = log_path(dir, number);
+            let file = files::prepare_spare(&path, file_size)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            let head = header(Kind::Log, number, got.next_seq);
+            std::os::unix::fs::FileExt::write_all_at(&file, &head, 0)
+                .and_then(|()| file.sync_data())
+                .and_then(|()| sync_dir(dir))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            files.insert(number, got.next_seq);
+            (number, file, HEADER)
+        }
+    };
+    info!(
+        dir = %dir.display(), jobs = live_jobs, records = got.records,
+        skipped = got.skipped, took_ms = started.elapsed().as_millis() as u64,
+        "recovered the data directory"
+    );
+    let shared = Arc::new(Shared::new(
+        dir.clone(),
+        options.policy,
+        file_size,
+        1,
+        got.next_seq,
+        number,
+        used,
+        files,
+    ));
+    let mut next_spare = 0;
+    {
+        let mut b = shared.lock();
+        b.live_jobs = live_jobs;
+        b.live_bytes = live_bytes;
+        b.appended = got.replayed_bytes;
+        b.snapshot_bytes = got.snapshot_bytes;
+        for path in &listing.spares {
+            let n = path
+                .extension()
+                .and_then(|e| e.to_str()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            next_spare = next_spare.max(n + 1);
+            let opened = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path);
+            match opened {
+                Ok(file) if b.spares.len() < shared.spares_wanted => b.spares.push_back(Spare {
+                    path: path.clone(),
+                    file,
+                }),
+                _ => {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+    }
+    let state = Arc::new(Mutex::new(state));
+    let source: Arc<dyn Source> = Arc::new(StateSource(state.clone()));
+    let writer = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("delayq-log".into())
+            .spawn(move || writer::run(shared, current))
+            .map_err(|e| format!("cannot start the log writer: {e}"))?
+    };
+    let keeper = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("delayq-keeper".into())
+            .spawn(move || keeper::run(shared, source, next_spare))
+            .map_err(|e| format!("cannot start the log keeper: {e}"))?
+    };
+    let wal = Wal {
+        shared,
+        threads: vec![writer, keeper],
+        _lock: lock,
+    };
+    Ok(MemoryStore::from_parts(state, clock, wal))
+}
+
+impl Log for Wal {
+    type Journal<'a> = Appender<'a>;
+
+    fn journal(&self) -> Appender<'_> {
+        Appender::new(&self.shared)
+    }
+
+    async fn settle(&self, upto: u64) -> StoreResult<()> {
+        let synced = matches!(self.shared.policy, SyncPolicy::Always);
+        let reached = |m: &writer::Marks| {
+            if synced {
+                m.synced >= upto
+            } else {
+                m.written >= upto
+            }
+        };
+        if reached(&self.shared.marks.borrow()) {
+            return Ok(());
+        }
+        let mut marks = self.shared.marks.subscribe();
+        let m = marks
+            .wait_for(|m| reached(m) || m.failed.is_some())
+            .await
+            .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?;
+        match &m.failed {
+            Some(why) if !reached(&m) => Err(StoreError::Unavailable(format!(
+                "the change could not be made safe: {why}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn stats(&self) -> Option<LogStats> {
+        let b = self.shared.lock();
+        Some(LogStats {
+            oldest_file: b.files.keys().next().copied().unwrap_or(b.number),
+            current_file: b.number,
+            records_written: self.shared.records_written.load(Ordering::Relaxed),
+            records_migrated: self.shared.records_migrated.load(Ordering::Relaxed),
+            file_size: self.shared.file_size,
+        })
+    }
+
+    fn describe(&self) -> String {
+        let policy = match self.shared.policy {
+            SyncPolicy::Always => "synced before every reply".to_string(),
+            SyncPolicy::Every(every) => format!("synced at most every {} ms", every.as_millis()),
+            SyncPolicy::Never => "never synced".to_string(),
+        };
+        format!("durable, in {} ({policy})", self.shared.dir.display())
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        self.shared.stop();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! The bytes of one record: a frame with a length, a CRC-32C checksum, a
+//! sequence number and a stamp, around the engine's [`Record`] encoded
+//! field by field, little-endian.
+//!
+//! ```text
+//! 0   len    u32  bytes after the checksum: seq..end of payload
+//! 4   crc    u32  CRC-32C of the len field and those bytes
+//! 8   seq    u64  the record's number; each is the one before plus one
+//! 16  stamp  u64  the highest number known synced when this was written
+//! 24  kind   u8   then the payload of that kind
+//! ```
+//!
+//! The stamp lets recovery tell a torn tail from damage: after a crash, the
+//! records written since the last sync may reach the disk in any order, so
+//! a hole can sit before a record that did arrive; that record's stamp says
+//! the hole was never synced, so it is the tail, cut off. A hole before a
+//! record stamped after it was synced is damage.
+//!
+//! A length of zero is the end of the data (a preallocated file is zeros).
+
+use super::super::memory::journal::{JobImage, Meta, Record, Stored};
+use crate::job::JobCounters;
+
+/// Bytes before a record's kind.
+pub const FRAME_HEAD: usize = 24;
+/// Bytes a delete record takes.
+pub const DELETE_LEN: usize = FRAME_HEAD + 1 + 8;
+
+const JOB: u8 = 1;
+const META: u8 = 2;
+const DELETE: u8 = 3;
+const PAUSE: u8 = 4;
+const SEQUENCES: u8 = 5;
+/// The last record of a snapshot, with how many came before it.
+const END: u8 = 6;
+
+/// Bytes of a [`Meta`]: key, pri, delay, state (kind and value), counters.
+const META_LEN: usize = 8 + 4 + 8 + 9 + 20;
+
+/// What a frame holds: one of the engine's records, or a snapshot's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Item<'a> {
+    /// A record.
+    Record(Record<'a>),
+    /// The end of a snapshot, after this many records.
+    End(u64),
+}
+
+/// A frame read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// Its sequence number.
+    pub seq: u64,
+    /// The highest sequence number known synced when it was written.
+    pub stamp: u64,
+    /// What it holds.
+    pub item: Item<'a>,
+    /// Its length in bytes, head included.
+    pub len: usize,
+}
+
+/// Why the bytes at an offset are not a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bad {
+    /// Zeros: the end of the data.
+    End,
+    /// Fewer bytes left than the frame says it has.
+    Short,
+    /// The checksum does not match.
+    Checksum,
+    /// The checksum matches but the contents make no sense (an unknown
+    /// kind, lengths that do not add up).
+    Malformed,
+}
+
+impl Bad {
+    /// What went wrong, for an error message.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Bad::End => "end of data",
+            Bad::Short => "a record cut short",
+            Bad::Checksum => "a checksum mismatch",
+            Bad::Malformed => "a record that cannot be read",
+        }
+    }
+}
+
+/// The bytes a record will take.
+pub fn encoded_len(record: &Record<'_>) -> usize {
+    FRAME_HEAD
+        + 1
+        + match record {
+            Record::Job(job) => {
+                META_LEN
+                    + 8
+                    + 8
+                    + 1
+                    + job.tube.len()
+                    + 1
+                    + job.name.map_or(0, str::len)
+                    + 4
+                    + job.body.len()
+            }
+            Record::Meta(_) => META_LEN,
+            Record::Delete(_) => 8,
+            Record::Pause { tube, .. } => 1 + tube.len() + 16,
+            Record::Sequences { .. } => 16,
+        }
+}
+
+/// Appends `record` framed with `seq` and `stamp` to `out`.
+pub fn encode(out: &mut Vec<u8>, seq: u64, stamp: u64, record: &Record<'_>) {
+    let start = out.len();
+    out.reserve(encoded_len(record));
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&stamp.to_le_bytes());
+    match record {
+        Record::Job(job) => {
+            out.push(JOB);
+            put_meta(out, &job.meta);
+            out.extend_from_slice(&job.ttr.to_le_bytes());
+            out.extend_from_slice(&job.created.to_le_bytes());
+            put_short(out, job.tube.as_bytes());
+            put_short(out, job.name.unwrap_or("").as_bytes());
+            // A body is at most 1 GiB (the -z ceiling), so its length fits.
+            out.extend_from_slice(&(job.body.len() as u32).to_le_bytes());
+            out.extend_from_slice(job.body);
+        }
+        Record::Meta(meta) => {
+            out.push(META);
+            put_meta(out, meta);
+        }
+        Record::Delete(key) => {
+            out.push(DELETE);
+            out.extend_from_slice(&key.to_le_bytes());
+        }
+        Record::Pause {
+            tube,
+            length,
+            until,
+        } => {
+            out.push(PAUSE);
+            put_short(out, tube.as_bytes());
+            out.extend_from_slice(&length.to_le_bytes());
+            out.extend_from_slice(&until.to_le_bytes());
+        }
+        Record::Sequences { next_key, bury_seq } => {
+            out.push(SEQUENCES);
+            out.extend_from_slice(&next_key.to_le_bytes());
+            out.extend_from_slice(&bury_seq.to_le_bytes());
+        }
+    }
+    seal(out, start);
+}
+
+/// Appends a snapshot's end frame.
+pub fn encode_end(out: &mut Vec<u8>, seq: u64, count: u64) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.push(END);
+    out.extend_from_slice(&count.to_le_bytes());
+    seal(out, start);
+}
+
+/// Fills in the length and checksum of the frame that starts at `start`.
+fn seal(out: &mut [u8], start: usize) {
+    let len = u32::try_from(out.len() - start - 8).expect("a record under 4 GiB");
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), &out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn put_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    // Names are at most 200 bytes (checked where they enter).
+    out.push(bytes.len() as u8);
+    out.extend_from_slice(bytes);
+}
+
+fn put_meta(out: &mut Vec<u8>, m: &Meta) {
+    out.extend_from_slice(&m.key.to_le_bytes());
+    out.extend_from_slice(&m.pri.to_le_bytes());
+    out.extend_from_slice(&m.delay.to_le_bytes());
+    let (kind, value) = match m.state {
+        Stored::Ready => (0u8, 0u64),
+        Stored::Delayed(due) => (1, due),
+        Stored::Reserved => (2, 0),
+        Stored::Buried(seq) => (3, seq),
+    };
+    out.push(kind);
+    out.extend_from_slice(&value.to_le_bytes());
+    let c = &m.counters;
+    for n in [c.reserves, c.timeouts, c.releases, c.buries, c.kicks] {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+}
+
+/// Reads the frame at the start of `bytes`.
+pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, Bad> {
+    let Some(head) = bytes.get(..8) else {
+        return Err(if bytes.iter().all(|&b| b == 0) {
+            Bad::End
+        } else {
+            Bad::Short
+        });
+    };
+    let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+    if len == 0 && crc == 0 {
+        return Err(Bad::End);
+    }
+    let Some(body) = bytes.get(8..8 + len) else {
+        return Err(Bad::Short);
+    };
+    if crc32c::crc32c_append(crc32c::crc32c(&head[..4]), body) != crc {
+        return Err(Bad::Checksum);
+    }
+    let mut r = Reader(body);
+    let (seq, stamp) = (r.u64()?, r.u64()?);
+    let item = match r.u8()? {
+        JOB => {
+            let meta = r.meta()?;
+            let (ttr, created) = (r.u64()?, r.u64()?);
+            let tube = r.text()?;
+            let name = r.text()?;
+            let body_len = r.u32()? as usize;
+            let body = r.take(body_len)?;
+            Item::Record(Record::Job(JobImage {
+                meta,
+                name: (!name.is_empty()).then_some(name),
+                tube,
+                ttr,
+                created,
+                body,
+            }))
+        }
+        META => Item::Record(Record::Meta(r.meta()?)),
+        DELETE => Item::Record(Record::Delete(r.u64()?)),
+        PAUSE => Item::Record(Record::Pause {
+            tube: r.text()?,
+            length: r.u64()?,
+            until: r.u64()?,
+        }),
+        SEQUENCES => Item::Record(Record::Sequences {
+            next_key: r.u64()?,
+            bury_seq: r.u64()?,
+        }),
+        END => Item::End(r.u64()?),
+        _ => return Err(Bad::Malformed),
+    };
+    if !r.0.is_empty() {
+        return Err(Bad::Malformed);
+    }
+    Ok(Frame {
+        seq,
+        stamp,
+        item,
+        len: 8 + len,
+    })
+}
+
+/// Reads fields off the front of a frame's bytes.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Bad> {
+        if self.0.len() < n {
+            return Err(Bad::Malformed);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, Bad> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, Bad> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+
+    fn u64(&mut self) -> Result<u64, Bad> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+
+    fn text(&mut self) -> Result<&'a str, Bad> {
+        let n = self.u8()? as usize;
+        std::str::from_utf8(self.take(n)?).map_err(|_| Bad::Malformed)
+    }
+
+    fn meta(&mut self) -> Result<Meta, Bad> {
+        let (key, pri, delay) = (self.u64()?, self.u32()?, self.u64()?);
+        let (kind, value) = (self.u8()?, self.u64()?);
+        let state = match kind {
+            0 => Stored::Ready,
+            1 => Stored::Delayed(value),
+            2 => Stored::Reserved,
+            3 => Stored::Buried(value),
+            _ => return Err(Bad::Malformed),
+        };
+        let counters = JobCounters {
+            reserves: self.u32()?,
+            timeouts: self.u32()?,
+            releases: self.u32()?,
+            buries: self.u32()?,
+            kicks: self.u32()?,
+        };
+        Ok(Meta {
+            key,
+            pri,
+            delay,
+            state,
+            counters,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job<'a>(name: Option<&'a str>, body: &'a [u8]) -> Record<'a> {
+        Record::Job(JobImage {
+            meta: Meta {
+                key: 7,
+                pri: 1024,
+                delay: 5_000_000,
+                state: Stored::Delayed(1_700_000_000_000_000),
+                counters: JobCounters {
+                    reserves: 1,
+                    timeouts: 2,
+                    releases: 3,
+                    buries: 4,
+                    kicks: 5,
+                },
+            },
+            name,
+            tube: "orders",
+            ttr: 60_000_000,
+            created: 1_699_999_999_000_000,
+            body,
+        })
+    }
+
+    #[test]
+    fn every_record_reads_back_as_written() {
+        let records = [
+            job(None, b"hello"),
+            job(Some("order-close:4711"), &[0, 13, 10, 255]),
+            Record::Meta(Meta {
+                key: 9,
+                pri: 0,
+                delay: 0,
+                state: Stored::Buried(12),
+                counters: JobCounters::default(),
+            }),
+            Record::Delete(u64::MAX),
+            Record::Pause {
+                tube: "default",
+                length: 3,
+                until: 4,
+            },
+            Record::Sequences {
+                next_key: 10,
+                bury_seq: 12,
+            },
+        ];
+        let mut out = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            let before = out.len();
+            encode(&mut out, i as u64 + 1, i as u64, r);
+            assert_eq!(out.len() - before, encoded_len(r), "{r:?}");
+        }
+        encode_end(&mut out, 7, 6);
+        let mut at = 0;
+        for (i, r) in records.iter().enumerate() {
+            let frame = decode(&out[at..]).unwrap();
+            assert_eq!(
+                (frame.seq, frame.stamp, frame.item),
+                (i as u64 + 1, i as u64, Item::Record(*r))
+            );
+            at += frame.len;
+        }
+        assert_eq!(decode(&out[at..]).unwrap().item, Item::End(6));
+        assert_eq!(decode(&[0; 40]), Err(Bad::End));
+        assert_eq!(decode(&[]), Err(Bad::End));
+    }
+
+    #[test]
+    fn a_changed_byte_or_a_cut_is_seen() {
+        let mut out = Vec::new();
+        encode(&mut out, 1, 0, &job(Some("x"), b"body"));
+        for at in 0..out.len() {
+            let mut bad = out.clone();
+            bad[at] ^= 0x40;
+            assert!(decode(&bad).is_err(), "byte {at} flipped went unseen");
+            assert!(decode(&out[..at]).is_err(), "cut at {at} went unseen");
+        }
+        assert_eq!(decode(&out[..10]), Err(Bad::Short));
+    }
+
+    #[test]
+    fn a_delete_takes_what_the_room_set_aside_for_it() {
+        let mut out = Vec::new();
+        encode(&mut out, 1, 0, &Record::Delete(1));
+        assert_eq!(out.len(), DELETE_LEN);
+    }
+}

@@ -1,0 +1,481 @@
+//! Appending records and getting them to disk.
+//!
+//! Transitions append their records to a shared buffer while the state is
+//! locked ([`Appender`], the engine's journal), which costs a copy into
+//! memory. One writer thread takes whatever has gathered, writes it in one
+//! go, syncs once, and then lets everyone whose records that covered have
+//! their replies (group commit): while it syncs, the next group gathers, so
+//! nobody waits for more than the sync in progress and their own.
+//!
+//! Room is accounted for before a record is taken: records go into log files
+//! prepared ahead (their blocks allocated), so a write never runs out of
+//! room; a put is taken only if, after it, the room left still covers a
+//! delete record for every live job (deletes are never refused); when the
+//! prepared room runs short, puts are refused until the keeper
+//! (`keeper.rs`) has prepared more.
+//!
+//! A failed write or sync is never retried nor assumed good (the kernel may
+//! have dropped the pages): the log stops taking changes and says why.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::error;
+
+use super::files::{HEADER, Kind, header, log_path, sync_dir};
+use super::record::{DELETE_LEN, encode, encoded_len};
+use crate::error::{StoreError, StoreResult};
+use crate::store::memory::journal::{JobImage, Journal, Record, Written};
+
+/// When a change counts as safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// Synced before its reply (the default).
+    Always,
+    /// Written before its reply, synced within this long (`-f MS`).
+    Every(Duration),
+    /// Written before its reply, synced only at a clean stop (`-F`).
+    Never,
+}
+
+/// How far the log has got, for those waiting on it.
+#[derive(Debug, Clone, Default)]
+pub struct Marks {
+    /// Every record up to this one is written to the files.
+    pub written: u64,
+    /// Every record up to this one is synced.
+    pub synced: u64,
+    /// Why the log stopped taking changes, if it did.
+    pub failed: Option<Arc<str>>,
+}
+
+/// A prepared file, ready to become the next log file.
+pub struct Spare {
+    /// Where it is now.
+    pub path: PathBuf,
+    /// It, open for writing.
+    pub file: File,
+}
+
+/// Bytes to write into one log file at one offset.
+struct Chunk {
+    /// The log file's number.
+    number: u64,
+    offset: u64,
+    bytes: Vec<u8>,
+    /// The spare that becomes this log file (the chunk starts its header).
+    opens: Option<Spare>,
+}
+
+/// What the appenders, the writer and the keeper share, under one lock.
+pub struct Buf {
+    /// The number the next record gets.
+    pub next_seq: u64,
+    chunks: Vec<Chunk>,
+    /// Emptied byte buffers, kept for the next chunks.
+    free: Vec<Vec<u8>>,
+    /// The log file being appended to, and the bytes used in it.
+    pub number: u64,
+    pub used: u64,
+    /// Prepared files, oldest first.
+    pub spares: VecDeque<Spare>,
+    /// Each kept log file's number and first record.
+    pub files: BTreeMap<u64, u64>,
+    /// Live jobs, and the bytes of their put records.
+    pub live_jobs: u64,
+    pub live_bytes: u64,
+    /// Bytes appended since start, ever.
+    pub appended: u64,
+    /// `appended` when the last snapshot began, and the snapshot's size.
+    pub snapshot_at: u64,
+    pub snapshot_bytes: u64,
+    /// The keeper should take a snapshot.
+    pub compact: bool,
+    /// Why the log stopped taking changes.
+    pub failed: Option<Arc<str>>,
+    writer_idle: bool,
+    /// The server is stopping: write what is left, sync, stop.
+    pub stopping: bool,
+}
+
+/// What the appenders, the writer thread and the keeper thread share.
+pub struct Shared {
+    /// The buffer and the accounting.
+    pub buf: Mutex<Buf>,
+    /// Wakes the writer.
+    wake: Condvar,
+    /// Wakes the keeper (spares wanted, a snapshot wanted, stopping).
+    pub chores: Condvar,
+    /// Published by the writer.
+    pub marks: watch::Sender<Marks>,
+    /// The last record synced, for stamping records (a copy of the marks').
+    synced: AtomicU64,
+    /// The data directory.
+    pub dir: PathBuf,
+    /// When a change counts as safe.
+    pub policy: SyncPolicy,
+    /// The size of a log file.
+    pub file_size: u64,
+    /// Spare files the keeper keeps ready.
+    pub spares_wanted: usize,
+    /// Figures for `stats`.
+    pub records_written: AtomicU64,
+    /// Records rewritten by snapshots.
+    pub records_migrated: AtomicU64,
+}
+
+impl Shared {
+    /// A fresh shared state, appending to log file `number` at `used`,
+    /// with `next_seq` the next record's number.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        dir: PathBuf,
+        policy: SyncPolicy,
+        file_size: u64,
+        spares_wanted: usize,
+        next_seq: u64,
+        number: u64,
+        used: u64,
+        files: BTreeMap<u64, u64>,
+    ) -> Shared {
+        let synced = next_seq - 1;
+        Shared {
+            buf: Mutex::new(Buf {
+                next_seq,
+                chunks: Vec::new(),
+                free: Vec::new(),
+                number,
+                used,
+                spares: VecDeque::new(),
+                files,
+                live_jobs: 0,
+                live_bytes: 0,
+                appended: 0,
+                snapshot_at: 0,
+                snapshot_bytes: 0,
+                compact: false,
+                failed: None,
+                writer_idle: false,
+                stopping: false,
+            }),
+            wake: Condvar::new(),
+            chores: Condvar::new(),
+            marks: watch::Sender::new(Marks {
+                written: synced,
+                synced,
+                failed: None,
+            }),
+            synced: AtomicU64::new(synced),
+            dir,
+            policy,
+            file_size,
+            spares_wanted,
+            records_written: AtomicU64::new(0),
+            records_migrated: AtomicU64::new(0),
+        }
+    }
+
+    /// Locks the buffer.
+    pub fn lock(&self) -> MutexGuard<'_, Buf> {
+        self.buf.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops taking changes, for good, and says why.
+    fn fail(&self, what: &str, e: &io::Error) {
+        let why: Arc<str> = Arc::from(format!("{what} failed: {e}"));
+        error!(
+            error = %why,
+            "THE LOG FAILED: delayq takes no more changes (they could not be made safe); \
+             reads go on. Restart it once the cause is fixed: the log is recovered \
+             up to the last record that reached the disk"
+        );
+        self.lock().failed = Some(why.clone());
+        self.marks.send_modify(|m| m.failed = Some(why));
+    }
+
+    /// Asks the writer to write what is left, sync and stop.
+    pub fn stop(&self) {
+        self.lock().stopping = true;
+        self.wake.notify_all();
+        self.chores.notify_all();
+    }
+}
+
+/// Room every live job keeps for its delete: twice a delete record, so that
+/// the few bytes lost at the end of each file never eat into it.
+fn promised(live_jobs: u64) -> u64 {
+    live_jobs * 2 * DELETE_LEN as u64 + 4096
+}
+
+/// Which rule a record is taken under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A new job: needs room for itself and for its delete.
+    Put,
+    /// A change that must be kept or not made.
+    Keep,
+    /// A change that may be skipped.
+    Note,
+    /// A delete: always taken.
+    Forget,
+}
+
+/// The journal of one transition: holds the log's buffer while it lives.
+pub struct Appender<'a> {
+    buf: MutexGuard<'a, Buf>,
+    shared: &'a Shared,
+    wrote: bool,
+}
+
+impl<'a> Appender<'a> {
+    /// Opens the journal for one transition.
+    pub fn new(shared: &'a Shared) -> Appender<'a> {
+        Appender {
+            buf: shared.lock(),
+            shared,
+            wrote: false,
+        }
+    }
+
+    fn append(&mut self, record: &Record<'_>, class: Class) -> StoreResult<()> {
+        let shared = self.shared;
+        let b = &mut *self.buf;
+        if let Some(why) = &b.failed {
+            return Err(StoreError::Unavailable(format!(
+                "the log takes no changes: {why}"
+            )));
+        }
+        let len = encoded_len(record) as u64;
+        let size = shared.file_size;
+        let left = size.saturating_sub(b.used);
+        let switch = len > left;
+        if class != Class::Forget {
+            let room = left + b.spares.len() as u64 * (size - HEADER);
+            let cost = if switch { left + len } else { len };
+            let live = b.live_jobs + u64::from(class == Class::Put);
+            if (switch && b.spares.is_empty()) || room < cost + promised(live) {
+                return Err(StoreError::OutOfMemory);
+            }
+        }
+        if switch && let Some(spare) = b.spares.pop_front() {
+            // The rest of this file stays unused; the next one begins.
+            b.number += 1;
+            b.used = HEADER;
+            b.files.insert(b.number, b.next_seq);
+            let mut bytes = b.free.pop().unwrap_or_default();
+            bytes.extend_from_slice(&header(Kind::Log, b.number, b.next_seq));
+            b.chunks.push(Chunk {
+                number: b.number,
+                offset: 0,
+                bytes,
+                opens: Some(spare),
+            });
+            // Compact once the dead records outweigh both the live ones (so
+            // the work is paid for by as many writes as it copies) and one
+            // file (so a small queue is not compacted at every switch).
+            let garbage =
+                (b.appended - b.snapshot_at + b.snapshot_bytes).saturating_sub(b.live_bytes);
+            if garbage >= b.live_bytes.max(size) {
+                b.compact = true;
+            }
+            shared.chores.notify_one();
+        }
+        // (A delete finding no spare goes past the file's nominal end: the
+        // room set aside for it is counted against the prepared files, and
+        // this is the last resort that keeps deletes from ever failing.)
+        if b.chunks.last().is_none_or(|c| c.number != b.number) {
+            let bytes = b.free.pop().unwrap_or_default();
+            b.chunks.push(Chunk {
+                number: b.number,
+                offset: b.used,
+                bytes,
+                opens: None,
+            });
+        }
+        let seq = b.next_seq;
+        b.next_seq += 1;
+        let stamp = shared.synced.load(Ordering::Acquire);
+        let chunk = b.chunks.last_mut().expect("a chunk for this file");
+        encode(&mut chunk.bytes, seq, stamp, record);
+        b.used += len;
+        b.appended += len;
+        if class == Class::Put {
+            b.live_jobs += 1;
+            b.live_bytes += len;
+        }
+        self.wrote = true;
+        Ok(())
+    }
+}
+
+impl Journal for Appender<'_> {
+    fn keep(&mut self, record: Record<'_>) -> StoreResult<()> {
+        let class = match record {
+            Record::Job(_) => Class::Put,
+            _ => Class::Keep,
+        };
+        self.append(&record, class)
+    }
+
+    fn note(&mut self, record: Record<'_>) {
+        let _ = self.append(&record, Class::Note);
+    }
+
+    fn forget(&mut self, job: &JobImage<'_>) {
+        if self
+            .append(&Record::Delete(job.meta.key), Class::Forget)
+            .is_ok()
+        {
+            let b = &mut *self.buf;
+            b.live_jobs = b.live_jobs.saturating_sub(1);
+            b.live_bytes = b
+                .live_bytes
+                .saturating_sub(encoded_len(&Record::Job(*job)) as u64);
+        }
+    }
+}
+
+impl Written for Appender<'_> {
+    fn written(&self) -> u64 {
+        self.buf.next_seq - 1
+    }
+}
+
+impl Drop for Appender<'_> {
+    fn drop(&mut self) {
+        if self.wrote && self.buf.writer_idle {
+            self.buf.writer_idle = false;
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+/// The writer thread: writes what gathers, syncs as the policy says,
+/// publishes how far it got; stops once told to and everything is synced.
+pub fn run(shared: Arc<Shared>, mut current: File) {
+    let mut last_sync = Instant::now();
+    let mut unsynced = false;
+    let mut emptied: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let (chunks, upto, stopping) = {
+            let mut b = shared.lock();
+            b.free.append(&mut emptied);
+            loop {
+                if !b.chunks.is_empty() || b.stopping {
+                    break;
+                }
+                let deadline = match shared.policy {
+                    SyncPolicy::Every(every) if unsynced => Some(last_sync + every),
+                    _ => None,
+                };
+                b.writer_idle = true;
+                b = match deadline {
+                    None => shared.wake.wait(b).unwrap_or_else(PoisonError::into_inner),
+                    Some(at) => {
+                        let now = Instant::now();
+                        if now >= at {
+                            break;
+                        }
+                        shared
+                            .wake
+                            .wait_timeout(b, at - now)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0
+                    }
+                };
+                b.writer_idle = false;
+            }
+            if b.failed.is_some() {
+                // Nothing more reaches the files; wait to be stopped.
+                b.chunks.clear();
+                if b.stopping {
+                    return;
+                }
+                drop(shared.wake.wait(b));
+                continue;
+            }
+            (std::mem::take(&mut b.chunks), b.next_seq - 1, b.stopping)
+        };
+        let wrote_any = !chunks.is_empty();
+        let records = written_records(&shared, upto);
+        if let Err((what, e)) = write(&shared, &mut current, chunks, &mut emptied) {
+            shared.fail(what, &e);
+            continue;
+        }
+        if wrote_any {
+            unsynced = true;
+            shared.records_written.fetch_add(records, Ordering::Relaxed);
+            shared
+                .marks
+                .send_modify(|m| m.written = m.written.max(upto));
+        }
+        let sync_now = unsynced
+            && match shared.policy {
+                SyncPolicy::Always => true,
+                SyncPolicy::Every(every) => stopping || last_sync.elapsed() >= every,
+                SyncPolicy::Never => stopping,
+            };
+        if sync_now {
+            if let Err(e) = current.sync_data() {
+                shared.fail("fdatasync", &e);
+                continue;
+            }
+            last_sync = Instant::now();
+            unsynced = false;
+            shared.synced.store(upto, Ordering::Release);
+            shared.marks.send_modify(|m| m.synced = m.synced.max(upto));
+        }
+        if stopping && !unsynced && shared.lock().chunks.is_empty() {
+            return;
+        }
+    }
+}
+
+/// How many records a write up to `upto` covers beyond those already
+/// written.
+fn written_records(shared: &Shared, upto: u64) -> u64 {
+    upto.saturating_sub(shared.marks.borrow().written)
+}
+
+/// Writes `chunks` in order; a chunk that opens a log file first finishes
+/// the current one (synced), then makes the spare the next log file: its
+/// header and records written and synced, then its new name, then the
+/// directory synced, so a log file's name never outlives its data.
+fn write(
+    shared: &Shared,
+    current: &mut File,
+    chunks: Vec<Chunk>,
+    emptied: &mut Vec<Vec<u8>>,
+) -> Result<(), (&'static str, io::Error)> {
+    for mut chunk in chunks {
+        match chunk.opens.take() {
+            None => current
+                .write_all_at(&chunk.bytes, chunk.offset)
+                .map_err(|e| ("write", e))?,
+            Some(spare) => {
+                current.sync_data().map_err(|e| ("fdatasync", e))?;
+                spare
+                    .file
+                    .write_all_at(&chunk.bytes, chunk.offset)
+                    .map_err(|e| ("write", e))?;
+                spare.file.sync_data().map_err(|e| ("fdatasync", e))?;
+                fs::rename(&spare.path, log_path(&shared.dir, chunk.number))
+                    .map_err(|e| ("rename", e))?;
+                sync_dir(&shared.dir).map_err(|e| ("directory sync", e))?;
+                *current = spare.file;
+            }
+        }
+        chunk.bytes.clear();
+        if emptied.len() < 4 {
+            emptied.push(chunk.bytes);
+        }
+    }
+    Ok(())
+}

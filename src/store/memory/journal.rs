@@ -1,0 +1,182 @@
+//! What the embedded engine tells a log: one small typed record per change,
+//! recording states, not commands (a command's effect depends on the clock
+//! and on what came before it; a state does not), so replaying the records
+//! in order rebuilds the state, and replaying one twice changes nothing.
+//!
+//! The transitions write their records through a [`Journal`] while the
+//! state is locked, so the log's order is the state's order. The engine's
+//! data structures know nothing of files: a [`Log`] (the durable one is in
+//! `src/store/log/`) decides what becomes of the records, and
+//! [`Volatile`] drops them.
+
+use std::future::Future;
+
+use crate::clock::Micros;
+use crate::error::StoreResult;
+use crate::job::{JobCounters, LogStats};
+
+/// A job's state as it is kept: reserved jobs are kept as such only for
+/// their counters; after a restart they are ready (their holders are gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Ready.
+    Ready,
+    /// Delayed until this wall-clock time.
+    Delayed(Micros),
+    /// Reserved by a connection.
+    Reserved,
+    /// Buried, with its burial sequence number (the order `kick` follows).
+    Buried(u64),
+}
+
+/// What changes over a job's life: everything but its name, tube, TTR,
+/// creation time and body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    /// The job's sequence number (its server id, or the key behind its
+    /// client id).
+    pub key: u64,
+    /// Its priority.
+    pub pri: u32,
+    /// Its last delay, in microseconds.
+    pub delay: Micros,
+    /// Its state.
+    pub state: Stored,
+    /// Its counters.
+    pub counters: JobCounters,
+}
+
+/// A whole job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobImage<'a> {
+    /// What changes.
+    pub meta: Meta,
+    /// Its client-chosen id, if it has one.
+    pub name: Option<&'a str>,
+    /// Its tube.
+    pub tube: &'a str,
+    /// Its time to run, in microseconds.
+    pub ttr: Micros,
+    /// When it was put (wall clock).
+    pub created: Micros,
+    /// Its body.
+    pub body: &'a [u8],
+}
+
+/// One change, as the log keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// A job as it is now, whole: a put (or a job in a snapshot).
+    Job(JobImage<'a>),
+    /// A job's metadata as it is now: after a reserve, release, bury, kick,
+    /// timeout or give-back.
+    Meta(Meta),
+    /// A job is gone (deleted or finished).
+    Delete(u64),
+    /// A tube's pause, as it is now: its length and when it ends (both zero:
+    /// not paused).
+    Pause {
+        /// The tube.
+        tube: &'a str,
+        /// The pause's length, in microseconds.
+        length: Micros,
+        /// When it ends (wall clock).
+        until: Micros,
+    },
+    /// Sequences the jobs alone do not show once deleted jobs are forgotten:
+    /// the next server id and burial number (a snapshot ends with it).
+    Sequences {
+        /// The next job key; keys are never reused.
+        next_key: u64,
+        /// The last burial sequence number.
+        bury_seq: u64,
+    },
+}
+
+/// Where the transitions write their records, with the state locked.
+pub trait Journal {
+    /// Records a change that must not be lost. If the log cannot take it
+    /// (no room, or it has failed), nothing is written and the change must
+    /// not happen: the transition returns the error.
+    fn keep(&mut self, record: Record<'_>) -> StoreResult<()>;
+
+    /// Records a change worth keeping that a crash may lose without harm (a
+    /// reserve's counter, a timeout: the job is ready after a restart either
+    /// way); skipped when room is short.
+    fn note(&mut self, record: Record<'_>);
+
+    /// Records that `job` is gone. Never refused: the room for it was set
+    /// aside when the job was put.
+    fn forget(&mut self, job: &JobImage<'_>);
+}
+
+/// A log behind the embedded engine.
+pub trait Log: Send + Sync + 'static {
+    /// The journal of one transition; holds the log's buffer while it lives.
+    type Journal<'a>: Journal + Written
+    where
+        Self: 'a;
+
+    /// Opens the journal for one transition (the state is locked).
+    fn journal(&self) -> Self::Journal<'_>;
+
+    /// Waits until every record up to `written` is as safe as the log
+    /// promises before a change is acknowledged (on disk, by default).
+    fn settle(&self, written: u64) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// The log's figures, for `stats`.
+    fn stats(&self) -> Option<LogStats>;
+
+    /// What the log is and where, for the start-up line.
+    fn describe(&self) -> String;
+}
+
+/// How far a journal has written: the sequence number of its last record
+/// (0 if it wrote none), for [`Log::settle`].
+pub trait Written {
+    /// The last record's sequence number.
+    fn written(&self) -> u64;
+}
+
+/// No log: the memory-only engine. Records are dropped.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Volatile;
+
+impl Journal for Volatile {
+    #[inline]
+    fn keep(&mut self, _: Record<'_>) -> StoreResult<()> {
+        Ok(())
+    }
+
+    #[inline]
+    fn note(&mut self, _: Record<'_>) {}
+
+    #[inline]
+    fn forget(&mut self, _: &JobImage<'_>) {}
+}
+
+impl Written for Volatile {
+    fn written(&self) -> u64 {
+        0
+    }
+}
+
+impl Log for Volatile {
+    type Journal<'a> = Volatile;
+
+    fn journal(&self) -> Volatile {
+        Volatile
+    }
+
+    async fn settle(&self, _: u64) -> StoreResult<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> Option<LogStats> {
+        None
+    }
+
+    fn describe(&self) -> String {
+        "in memory only".into()
+    }
+}
