@@ -260,18 +260,30 @@ local function bucket_jobs(tube, second, members)
   return jobs
 end
 
--- The delayed jobs of a tube, soonest first, at most `limit` of them.
+-- The delayed jobs of a tube, soonest first, at most `limit` of them. Jobs
+-- sit in the `soon` set (buckets the timer has opened) or still in their
+-- buckets; a job put after the timer opened a bucket can be due before
+-- jobs of the `soon` set, so the two are merged by due time.
 local function first_delayed(tube, limit)
   local out = {}
   local soon = redis.call('ZRANGE', tube_key('soon', tube), 0, limit - 1, 'WITHSCORES')
-  for i = 1, #soon, 2 do out[#out + 1] = { tonumber(soon[i + 1]), soon[i] } end
-  if #out >= limit then return out end
+  for i = 1, #soon, 2 do out[#out + 1] = { tonumber(soon[i + 1]), soon[i], #out } end
+  local taken = 0
   for _, second in ipairs(redis.call('ZRANGE', tube_key('delayed', tube), 0, limit - 1)) do
+    if taken >= limit then break end
     for _, j in ipairs(bucket_jobs(tube, tonumber(second))) do
-      if #out >= limit then return out end
-      out[#out + 1] = j
+      if taken >= limit then break end
+      out[#out + 1] = { j[1], j[2], #out }
+      taken = taken + 1
     end
   end
+  -- The third field keeps equal due times in the order found (table.sort
+  -- is not stable).
+  table.sort(out, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[3] < b[3]
+  end)
+  for i = #out, limit + 1, -1 do out[i] = nil end
   return out
 end
 
