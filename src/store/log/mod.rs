@@ -5,8 +5,10 @@
 //!
 //! * `record.rs`: the bytes of a record (length, CRC-32C, number, payload);
 //! * `files.rs`: the directory: its lock, file names and headers, spares;
-//! * `writer.rs`: appending under the state's lock, and the writer thread
-//!   that writes and syncs groups of records (group commit);
+//! * `append.rs`: taking a transition's records under the state's lock,
+//!   once there is room for them;
+//! * `writer.rs`: the writer thread that writes and syncs groups of records
+//!   (group commit);
 //! * `keeper.rs`: the thread that prepares spare files and compacts the log
 //!   into snapshots;
 //! * `recovery.rs`: the snapshot and the log back into the state at start.
@@ -23,6 +25,7 @@ use std::thread::JoinHandle;
 
 use tracing::info;
 
+mod append;
 mod files;
 mod keeper;
 mod record;
@@ -36,9 +39,10 @@ use crate::error::{StoreError, StoreResult};
 use crate::job::LogStats;
 use crate::store::memory::journal::{Log, Record};
 use crate::store::memory::{MemoryStore, State};
+use append::Appender;
 use files::{HEADER, Kind, header, log_path, sync_dir};
 use keeper::Source;
-use writer::{Appender, Shared, Spare};
+use writer::{Shared, Spare};
 
 /// The durable embedded engine.
 pub type DurableStore = MemoryStore<Wal>;

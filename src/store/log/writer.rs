@@ -1,4 +1,5 @@
-//! Appending records and getting them to disk.
+//! Getting appended records to disk: the shared buffer, and the writer
+//! thread.
 //!
 //! Transitions append their records to a shared buffer while the state is
 //! locked ([`Appender`], the engine's journal), which costs a copy into
@@ -7,12 +8,7 @@
 //! their replies (group commit): while it syncs, the next group gathers, so
 //! nobody waits for more than the sync in progress and their own.
 //!
-//! Room is accounted for before a record is taken: records go into log files
-//! prepared ahead (their blocks allocated), so a write never runs out of
-//! room; a put is taken only if, after it, the room left still covers a
-//! delete record for every live job (deletes are never refused); when the
-//! prepared room runs short, puts are refused until the keeper
-//! (`keeper.rs`) has prepared more.
+//! Room for each record is checked as it is taken (`append.rs`).
 //!
 //! A failed write or sync is never retried nor assumed good (the kernel may
 //! have dropped the pages): the log stops taking changes and says why.
@@ -29,10 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::error;
 
-use super::files::{HEADER, Kind, header, log_path, sync_dir};
-use super::record::{DELETE_LEN, encode, encoded_len};
-use crate::error::{StoreError, StoreResult};
-use crate::store::memory::journal::{JobImage, Journal, Record, Written};
+use super::files::{log_path, sync_dir};
 
 /// When a change counts as safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,22 +58,22 @@ pub struct Spare {
 }
 
 /// Bytes to write into one log file at one offset.
-struct Chunk {
+pub(super) struct Chunk {
     /// The log file's number.
-    number: u64,
-    offset: u64,
-    bytes: Vec<u8>,
+    pub number: u64,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
     /// The spare that becomes this log file (the chunk starts its header).
-    opens: Option<Spare>,
+    pub opens: Option<Spare>,
 }
 
 /// What the appenders, the writer and the keeper share, under one lock.
 pub struct Buf {
     /// The number the next record gets.
     pub next_seq: u64,
-    chunks: Vec<Chunk>,
+    pub(super) chunks: Vec<Chunk>,
     /// Emptied byte buffers, kept for the next chunks.
-    free: Vec<Vec<u8>>,
+    pub(super) free: Vec<Vec<u8>>,
     /// The log file being appended to, and the bytes used in it.
     pub number: u64,
     pub used: u64,
@@ -100,7 +93,7 @@ pub struct Buf {
     pub compact: bool,
     /// Why the log stopped taking changes.
     pub failed: Option<Arc<str>>,
-    writer_idle: bool,
+    pub(super) writer_idle: bool,
     /// The server is stopping: write what is left, sync, stop.
     pub stopping: bool,
 }
@@ -110,13 +103,13 @@ pub struct Shared {
     /// The buffer and the accounting.
     pub buf: Mutex<Buf>,
     /// Wakes the writer.
-    wake: Condvar,
+    pub(super) wake: Condvar,
     /// Wakes the keeper (spares wanted, a snapshot wanted, stopping).
     pub chores: Condvar,
     /// Published by the writer.
     pub marks: watch::Sender<Marks>,
     /// The last record synced, for stamping records (a copy of the marks').
-    synced: AtomicU64,
+    pub(super) synced: AtomicU64,
     /// The data directory.
     pub dir: PathBuf,
     /// When a change counts as safe.
@@ -205,155 +198,6 @@ impl Shared {
         self.lock().stopping = true;
         self.wake.notify_all();
         self.chores.notify_all();
-    }
-}
-
-/// Room every live job keeps for its delete: twice a delete record, so that
-/// the few bytes lost at the end of each file never eat into it.
-fn promised(live_jobs: u64) -> u64 {
-    live_jobs * 2 * DELETE_LEN as u64 + 4096
-}
-
-/// Which rule a record is taken under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    /// A new job: needs room for itself and for its delete.
-    Put,
-    /// A change that must be kept or not made.
-    Keep,
-    /// A change that may be skipped.
-    Note,
-    /// A delete: always taken.
-    Forget,
-}
-
-/// The journal of one transition: holds the log's buffer while it lives.
-pub struct Appender<'a> {
-    buf: MutexGuard<'a, Buf>,
-    shared: &'a Shared,
-    wrote: bool,
-}
-
-impl<'a> Appender<'a> {
-    /// Opens the journal for one transition.
-    pub fn new(shared: &'a Shared) -> Appender<'a> {
-        Appender {
-            buf: shared.lock(),
-            shared,
-            wrote: false,
-        }
-    }
-
-    fn append(&mut self, record: &Record<'_>, class: Class) -> StoreResult<()> {
-        let shared = self.shared;
-        let b = &mut *self.buf;
-        if let Some(why) = &b.failed {
-            return Err(StoreError::Unavailable(format!(
-                "the log takes no changes: {why}"
-            )));
-        }
-        let len = encoded_len(record) as u64;
-        let size = shared.file_size;
-        let left = size.saturating_sub(b.used);
-        let switch = len > left;
-        if class != Class::Forget {
-            let room = left + b.spares.len() as u64 * (size - HEADER);
-            let cost = if switch { left + len } else { len };
-            let live = b.live_jobs + u64::from(class == Class::Put);
-            if (switch && b.spares.is_empty()) || room < cost + promised(live) {
-                return Err(StoreError::OutOfMemory);
-            }
-        }
-        if switch && let Some(spare) = b.spares.pop_front() {
-            // The rest of this file stays unused; the next one begins.
-            b.number += 1;
-            b.used = HEADER;
-            b.files.insert(b.number, b.next_seq);
-            let mut bytes = b.free.pop().unwrap_or_default();
-            bytes.extend_from_slice(&header(Kind::Log, b.number, b.next_seq));
-            b.chunks.push(Chunk {
-                number: b.number,
-                offset: 0,
-                bytes,
-                opens: Some(spare),
-            });
-            // Compact once the dead records outweigh both the live ones (so
-            // the work is paid for by as many writes as it copies) and one
-            // file (so a small queue is not compacted at every switch).
-            let garbage =
-                (b.appended - b.snapshot_at + b.snapshot_bytes).saturating_sub(b.live_bytes);
-            if garbage >= b.live_bytes.max(size) {
-                b.compact = true;
-            }
-            shared.chores.notify_one();
-        }
-        // (A delete finding no spare goes past the file's nominal end: the
-        // room set aside for it is counted against the prepared files, and
-        // this is the last resort that keeps deletes from ever failing.)
-        if b.chunks.last().is_none_or(|c| c.number != b.number) {
-            let bytes = b.free.pop().unwrap_or_default();
-            b.chunks.push(Chunk {
-                number: b.number,
-                offset: b.used,
-                bytes,
-                opens: None,
-            });
-        }
-        let seq = b.next_seq;
-        b.next_seq += 1;
-        let stamp = shared.synced.load(Ordering::Acquire);
-        let chunk = b.chunks.last_mut().expect("a chunk for this file");
-        encode(&mut chunk.bytes, seq, stamp, record);
-        b.used += len;
-        b.appended += len;
-        if class == Class::Put {
-            b.live_jobs += 1;
-            b.live_bytes += len;
-        }
-        self.wrote = true;
-        Ok(())
-    }
-}
-
-impl Journal for Appender<'_> {
-    fn keep(&mut self, record: Record<'_>) -> StoreResult<()> {
-        let class = match record {
-            Record::Job(_) => Class::Put,
-            _ => Class::Keep,
-        };
-        self.append(&record, class)
-    }
-
-    fn note(&mut self, record: Record<'_>) {
-        let _ = self.append(&record, Class::Note);
-    }
-
-    fn forget(&mut self, job: &JobImage<'_>) {
-        if self
-            .append(&Record::Delete(job.meta.key), Class::Forget)
-            .is_ok()
-        {
-            let b = &mut *self.buf;
-            b.live_jobs = b.live_jobs.saturating_sub(1);
-            b.live_bytes = b
-                .live_bytes
-                .saturating_sub(encoded_len(&Record::Job(*job)) as u64);
-        }
-    }
-}
-
-impl Written for Appender<'_> {
-    fn written(&self) -> u64 {
-        self.buf.next_seq - 1
-    }
-}
-
-impl Drop for Appender<'_> {
-    fn drop(&mut self) {
-        if self.wrote && self.buf.writer_idle {
-            self.buf.writer_idle = false;
-            self.shared.wake.notify_one();
-        }
     }
 }
 
