@@ -18,8 +18,13 @@ const ORPHAN_SLACK: Duration = Duration::from_secs(6);
 /// How a worker's process went away under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// SIGKILL: the jobs it held stay reserved until their TTR runs out.
+    /// SIGKILL of a process whose jobs live in Redis: the jobs it held stay
+    /// reserved until their TTR runs out.
     Killed,
+    /// SIGKILL of a process that keeps its jobs itself (the durable
+    /// embedded engine): the jobs it held are ready again once it restarts,
+    /// as their holders' connections died with it.
+    Restarted,
     /// SIGTERM: a graceful shutdown gives back the jobs its connections held.
     Terminated,
 }
@@ -256,7 +261,8 @@ impl Ledger {
             }
         }
         // A job held by a killed process comes back once its TTR has run
-        // out; one held by a process shut down gracefully, at the shutdown.
+        // out; one held by a process shut down gracefully, or by a durable
+        // one killed and restarted, at once.
         for orphan in &b.orphans {
             let o = &orphan.delivery;
             if b.delete_in_doubt.contains(&o.id) {
@@ -282,7 +288,7 @@ impl Ledger {
                     );
                     o.asked + ttr
                 }
-                Fault::Terminated => orphan.lost,
+                Fault::Terminated | Fault::Restarted => orphan.lost,
             };
             // The timer wakes at least once a second; the rest is slack for
             // a loaded machine and a worker reconnecting.
@@ -296,11 +302,12 @@ impl Ledger {
         }
         // No job is held by two workers at once: a job comes to another
         // worker only once its holder's TTR has run out, or once a graceful
-        // shutdown took it from its holder.
+        // shutdown (or a restart that its holder did not live through) took
+        // it from its holder.
         let released: HashMap<(&str, &str, Instant), Instant> = b
             .orphans
             .iter()
-            .filter(|o| o.fault == Fault::Terminated)
+            .filter(|o| o.fault != Fault::Killed)
             .map(|o| {
                 let d = &o.delivery;
                 ((d.worker.as_str(), d.id.as_str(), d.at), o.lost)

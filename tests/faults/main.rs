@@ -1,7 +1,8 @@
-//! Faults under the Redis engine, with real processes and a real
-//! redis-server: delayq processes killed with SIGKILL mid-work and restarted,
-//! several processes whose timers race, redis-server killed and restarted on
-//! its own data, and a Redis that is full.
+//! Faults under load, with real processes: delayq killed with SIGKILL
+//! mid-work and restarted, on Redis and on the durable embedded engine (one
+//! harness for both); on Redis also several processes whose timers race,
+//! redis-server killed and restarted on its own data, and a Redis that is
+//! full.
 //!
 //! The multi-process tests keep a [`Ledger`](ledger::Ledger) of every put
 //! (acknowledged with `INSERTED`, or in doubt because its connection died
@@ -9,15 +10,16 @@
 //! delivery guarantees against it at the end.
 //!
 //! Split into modules: the harness (`conn`, `in_process`, `ledger`,
-//! `load`) and the tests grouped by theme (`restarts`, `timers`,
-//! `redis_down`, `durability`).
+//! `load`, and `restarts::killed_and_restarted` over any engine that keeps
+//! jobs across a process) and the tests grouped by theme (`restarts`,
+//! `durable`, `timers`, `redis_down`, `durability`).
 //!
 //! CI runs a bounded version of every test. `DELAYQ_SOAK=1` runs the long
 //! one by hand (more faults, more jobs, ten-second outages), and each test
 //! prints what it went through:
 //!
 //! ```text
-//! DELAYQ_SOAK=1 cargo test --release --test redis_faults -- --nocapture --test-threads 1
+//! DELAYQ_SOAK=1 cargo test --release --test faults -- --nocapture --test-threads 1
 //! ```
 
 #[path = "../common/mod.rs"]
@@ -29,6 +31,7 @@ mod ledger;
 mod load;
 
 mod durability;
+mod durable;
 mod redis_down;
 mod restarts;
 mod timers;
