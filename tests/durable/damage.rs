@@ -1,0 +1,152 @@
+//! Damage: a torn last record at every byte offset, a flipped byte in the
+//! middle of a log file (refused, then salvaged), and a second process on
+//! one directory.
+
+use std::path::Path;
+
+use crate::common::Client;
+use crate::common::daemon::Daemon;
+use crate::{copy_dir, frames, log_files, start_or_refuse};
+
+/// Small log files, so copies are quick.
+const SMALL: &[&str] = &["-s", "131072"];
+
+/// Puts `n` ready jobs (`job 0`, ...) and SIGKILLs the server once the last
+/// is acknowledged: the last record of the newest log file is then the last
+/// put. Returns the directory and that log file.
+async fn jobs_then_kill(n: usize) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), SMALL).await;
+    let mut c = daemon.client().await;
+    for k in 0..n {
+        c.put_ok(0, 0, 60, format!("job {k}").as_bytes()).await;
+    }
+    daemon.kill();
+    let log = log_files(dir.path()).pop().expect("a log file");
+    (dir, log)
+}
+
+/// The bodies of the ready jobs of a server on `dir`, in order.
+async fn bodies(dir: &Path) -> Vec<String> {
+    bodies_with(dir, SMALL).await
+}
+
+/// [`bodies`], with the server started with `args`.
+async fn bodies_with(dir: &Path, args: &[&str]) -> Vec<String> {
+    let daemon = Daemon::durable(dir, args).await;
+    let mut c: Client = daemon.client().await;
+    let mut out = Vec::new();
+    loop {
+        let reply = c.cmd("reserve-with-timeout 0").await;
+        if reply == "TIMED_OUT" {
+            return out;
+        }
+        let job = c.job_after("RESERVED", &reply).await;
+        out.push(String::from_utf8(job.body).unwrap());
+    }
+}
+
+fn expected(n: usize) -> Vec<String> {
+    (0..n).map(|k| format!("job {k}")).collect()
+}
+
+/// The last record cut at each of its byte offsets, the rest of the file as
+/// a preallocated file leaves it (zeros), or as a crash may (the rest of the
+/// record's bytes, but wrong, or cut off with the file): the server starts,
+/// every earlier job is there, the torn one is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_last_record_at_every_offset_is_cut_off() {
+    const N: usize = 5;
+    let (dir, log) = jobs_then_kill(N).await;
+    let file = std::fs::read(&log).unwrap();
+    let &(start, end) = frames(&file).last().expect("records");
+    assert_eq!(
+        bodies(copy_dir(dir.path()).path()).await,
+        expected(N),
+        "intact"
+    );
+    let name = log.file_name().unwrap();
+    let mut tried = 0;
+    for cut in start..end {
+        for how in ["zeros", "garbage", "truncated"] {
+            let copy = copy_dir(dir.path());
+            let path = copy.path().join(name);
+            let mut bytes = file.clone();
+            match how {
+                "zeros" => bytes[cut..end].fill(0),
+                "garbage" => {
+                    for (i, b) in bytes[cut..end].iter_mut().enumerate() {
+                        *b = b.wrapping_add(1 + i as u8);
+                    }
+                }
+                _ => bytes.truncate(cut),
+            }
+            std::fs::write(&path, &bytes).unwrap();
+            let got = bodies(copy.path()).await;
+            assert_eq!(
+                got,
+                expected(N - 1),
+                "last record torn at byte {} of {} ({how})",
+                cut - start,
+                end - start
+            );
+            tried += 1;
+        }
+    }
+    eprintln!(
+        "{tried} torn tails tried over a {}-byte record",
+        end - start
+    );
+}
+
+/// A flipped byte in the middle of a log file (in a record with others
+/// after it) is damage, not a torn tail: delayq refuses to start and names
+/// the file and offset; with `--salvage` it starts without that record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_is_refused_then_salvaged() {
+    const N: usize = 6;
+    let (dir, log) = jobs_then_kill(N).await;
+    let mut file = std::fs::read(&log).unwrap();
+    let records = frames(&file);
+    // Job 2's record: the header-only records before the puts vary, so find
+    // it by its body.
+    let (start, end) = *records
+        .iter()
+        .find(|(s, e)| file[*s..*e].windows(5).any(|w| w == b"job 2"))
+        .expect("job 2's record");
+    let middle = (start + end) / 2;
+    file[middle] ^= 0x40;
+    std::fs::write(&log, &file).unwrap();
+
+    let (status, stderr) = start_or_refuse(dir.path(), SMALL).expect("a refusal, not a start");
+    assert!(!status.success(), "exit status {status}");
+    let name = log.file_name().unwrap().to_str().unwrap();
+    assert!(stderr.contains(name), "names the file: {stderr}");
+    assert!(
+        stderr.contains(&start.to_string()),
+        "names offset {start}: {stderr}"
+    );
+    // Refusing changed nothing: it refuses again.
+    assert!(start_or_refuse(dir.path(), SMALL).is_some());
+
+    let got = bodies_with(dir.path(), &["-s", "131072", "--salvage"]).await;
+    let mut want = expected(N);
+    want.remove(2);
+    assert_eq!(got, want, "every job but the damaged one");
+}
+
+/// One process per directory: a second exits at once with a clear error,
+/// and the first serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_one_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Daemon::durable(dir.path(), &[]).await;
+    let (status, stderr) = start_or_refuse(dir.path(), &[]).expect("the second must not start");
+    assert!(!status.success());
+    assert!(
+        stderr.contains("in use by another delayq process"),
+        "{stderr}"
+    );
+    let mut c = first.client().await;
+    c.put_ok(0, 0, 60, b"still here").await;
+}

@@ -1,0 +1,202 @@
+//! The disk: a file system that really fills (a small tmpfs), and kills at
+//! random moments while compaction runs, with the directory's size after.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::Client;
+use crate::common::daemon::Daemon;
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it), or says why
+    /// it cannot.
+    fn mount(size: &str) -> Result<Tmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let path = dir.path().to_path_buf();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(Tmpfs { _dir: dir, path })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Bytes the files of `dir` take on disk (allocated blocks, as `du`).
+fn allocated(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
+        .sum()
+}
+
+/// A full disk: puts answer `OUT_OF_MEMORY` and change nothing; deletes,
+/// reserves and reads go on on the same connection; once space is freed,
+/// puts are taken again without a restart; after a SIGKILL every
+/// acknowledged job is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_puts_and_recovers_by_itself() {
+    let fs = match Tmpfs::mount("3m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            // Mounting needs CAP_SYS_ADMIN: CI runs as root, where it works.
+            assert!(
+                unsafe { libc::geteuid() } != 0,
+                "root could not mount a tmpfs: {why}"
+            );
+            eprintln!("skipped: cannot mount a tmpfs without root: {why}");
+            return;
+        }
+    };
+    // Room to free later.
+    let filler = fs.path.join("filler");
+    std::fs::write(&filler, vec![1u8; 1 << 20]).unwrap();
+    let data = fs.path.join("data");
+    let mut daemon = Daemon::durable(&data, &["-s", "262144"]).await;
+    let mut c = daemon.client().await;
+    let body = vec![b'x'; 4000];
+    let mut acked = Vec::new();
+    let refused = loop {
+        let reply = c.put(0, 0, 60, &body).await;
+        match reply.strip_prefix("INSERTED ") {
+            Some(id) => acked.push(id.to_string()),
+            None => break reply,
+        }
+        assert!(
+            acked.len() < 2000,
+            "a 3 MiB disk took {} jobs of 4 KB",
+            acked.len()
+        );
+    };
+    assert_eq!(refused, "OUT_OF_MEMORY");
+    assert!(
+        acked.len() > 10,
+        "only {} puts before the disk filled",
+        acked.len()
+    );
+    // Still refused, and nothing was stored for the refusals.
+    assert_eq!(c.put(0, 0, 60, &body).await, "OUT_OF_MEMORY");
+    let stats = c.stats().await;
+    assert_eq!(stats.num("current-jobs-ready"), acked.len() as u64);
+    // Everything else goes on, on the same connection.
+    let first = c.reserved("reserve-with-timeout 0").await;
+    assert_eq!(c.cmd(&format!("delete {}", first.id)).await, "DELETED");
+    for id in acked.drain(..5).skip(1) {
+        assert_eq!(c.cmd(&format!("delete {id}")).await, "DELETED");
+    }
+    c.found(&format!("peek {}", acked[0])).await;
+    // Space back: puts are taken again, with no restart.
+    std::fs::remove_file(&filler).unwrap();
+    let start = Instant::now();
+    let back = loop {
+        let reply = c.put(0, 0, 60, &body).await;
+        if let Some(id) = reply.strip_prefix("INSERTED ") {
+            break id.to_string();
+        }
+        assert_eq!(reply, "OUT_OF_MEMORY");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "puts still refused 10 s after space came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    acked.push(back);
+    eprintln!(
+        "disk full after {} jobs; puts taken again {:?} after space came back",
+        acked.len(),
+        start.elapsed()
+    );
+    daemon.kill();
+    let daemon = Daemon::durable(&data, &["-s", "262144"]).await;
+    let mut c = daemon.client().await;
+    for id in &acked {
+        assert_eq!(c.stats_job(id).await.get("state"), "ready", "job {id}");
+    }
+    assert_eq!(
+        c.stats().await.num("current-jobs-ready"),
+        acked.len() as u64
+    );
+}
+
+/// Put/delete cycles over a set of live jobs, with small log files so that
+/// compaction runs again and again, and SIGKILL at random moments: after
+/// every restart the live jobs are exactly there; at the end the directory
+/// holds a few files, not the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_during_compaction_lose_nothing_and_the_directory_stays_small() {
+    const FILE: u64 = 65536;
+    let flags = ["-s", "65536", "-z", "4096"];
+    let dir = tempfile::tempdir().unwrap();
+    let rounds = crate::common::scale(8, 40);
+    let mut live: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut snapshots_seen = 0;
+    let mut cycles = 0;
+    for round in 0..rounds {
+        let mut daemon = Daemon::durable(dir.path(), &flags).await;
+        let mut c: Client = daemon.client().await;
+        // Everything live is there, byte for byte, and nothing else.
+        assert_eq!(
+            c.stats().await.num("current-jobs-ready"),
+            live.len() as u64,
+            "round {round}: live jobs"
+        );
+        for (id, body) in &live {
+            assert_eq!(&c.found(&format!("peek {id}")).await.body, body, "job {id}");
+        }
+        // Cycles until a random moment, then SIGKILL without warning.
+        let until = Instant::now() + Duration::from_millis(rng.u64(200..900));
+        while Instant::now() < until {
+            let body = format!("{cycles:08} {}", "y".repeat(rng.usize(50..300))).into_bytes();
+            let id = c.put_ok(0, 0, 60, &body).await.to_string();
+            live.insert(id, body);
+            cycles += 1;
+            if live.len() > 100 {
+                let victim = live.keys().nth(rng.usize(..live.len())).unwrap().clone();
+                assert_eq!(c.cmd(&format!("delete {victim}")).await, "DELETED");
+                live.remove(&victim);
+            }
+        }
+        snapshots_seen += std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with("snapshot."))
+            })
+            .count();
+        daemon.kill();
+    }
+    assert!(
+        snapshots_seen > 0,
+        "compaction never ran in {cycles} cycles"
+    );
+    let size = allocated(dir.path());
+    eprintln!(
+        "{rounds} kills over {cycles} put/delete cycles, {} live: directory {size} bytes",
+        live.len()
+    );
+    // The live jobs (100 of at most 330 bytes), the file being written,
+    // spares, a snapshot and the garbage compaction allows: a few files.
+    assert!(size <= 8 * FILE, "directory of {size} bytes");
+}

@@ -1,0 +1,101 @@
+//! The durable embedded engine on real processes and real files: restarts
+//! after SIGKILL (and a second one right after the recovery), torn tails at
+//! every byte of the last record, a flipped byte, the directory's lock, a
+//! disk that really fills (a small tmpfs), and kills while compaction runs.
+//!
+//! The ledger tests under load (SIGKILL ten times in a row) are in
+//! `tests/faults`, shared with the Redis engine.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod damage;
+mod disk;
+mod restart;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::daemon::{BIN, free_port, wait_exit};
+
+/// The log files of a data directory, oldest first.
+pub fn log_files(dir: &Path) -> Vec<PathBuf> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read the data directory")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("log."))
+        })
+        .collect();
+    logs.sort();
+    logs
+}
+
+/// The frames of a log file as `(start, end)` byte ranges, read the way the
+/// format says (`src/store/log/record.rs`): after a 32-byte header, each
+/// frame is a little-endian length of what follows its checksum, the
+/// checksum, then that many bytes; a length of zero ends the data.
+pub fn frames(file: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 32;
+    while at + 8 <= file.len() {
+        let len = u32::from_le_bytes(file[at..at + 4].try_into().unwrap()) as usize;
+        if len == 0 || at + 8 + len > file.len() {
+            break;
+        }
+        out.push((at, at + 8 + len));
+        at += 8 + len;
+    }
+    out
+}
+
+/// Copies every file of `from` into a new scratch directory.
+pub fn copy_dir(from: &Path) -> tempfile::TempDir {
+    let to = tempfile::tempdir().expect("a scratch directory");
+    for entry in std::fs::read_dir(from).expect("read the data directory") {
+        let path = entry.expect("a directory entry").path();
+        std::fs::copy(&path, to.path().join(path.file_name().unwrap())).expect("copy a file");
+    }
+    to
+}
+
+/// Runs the binary on `dir` with `args` until it either exits (its status
+/// and standard error) or listens (then it is killed and `None`).
+pub fn start_or_refuse(dir: &Path, args: &[&str]) -> Option<(std::process::ExitStatus, String)> {
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-b"])
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn delayq");
+    let start = std::time::Instant::now();
+    loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return Some((status, err));
+        }
+        if start.elapsed() > common::REPLY_TIMEOUT {
+            wait_exit(&mut child, Duration::ZERO);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
