@@ -28,6 +28,7 @@
 
 mod ceiling;
 mod client;
+mod durable;
 mod procs;
 mod report;
 mod workloads;
@@ -50,6 +51,11 @@ enum What {
     Backlog,
     Idle,
     Conns,
+    /// The backlog, then SIGKILL and the time until a new process serves
+    /// all of it (servers with a data directory).
+    Restart,
+    /// Bytes on disk per live job, and after put/delete cycles.
+    Disk,
     /// Every chosen workload on every chosen server, in alternation.
     Compare,
     /// redis-benchmark of delayq's own Redis functions.
@@ -154,8 +160,8 @@ async fn main_async(cli: Cli) -> io::Result<()> {
                     run(what, addr, &probe, &cli.opts).await?
                 }
                 None => {
-                    let target = Target::start(cli.target, &programs);
-                    run(what, target.addr, &target.probe(), &cli.opts).await?
+                    let mut target = Target::start(cli.target, &programs);
+                    run_on(what, &mut target, &programs, &cli.opts).await?
                 }
             };
             report.print();
@@ -190,7 +196,24 @@ async fn run(what: What, addr: SocketAddr, probe: &Probe, o: &Opts) -> io::Resul
             Ok(report)
         }
         What::Conns => workloads::conns(addr, o, probe).await,
+        What::Restart | What::Disk => Err(io::Error::other(
+            "restart and disk need a server the bench starts (no --addr)",
+        )),
         What::Compare | What::Ceiling => Err(io::Error::other("not a workload")),
+    }
+}
+
+/// Runs `what` on a server the bench started.
+async fn run_on(
+    what: What,
+    target: &mut Target,
+    programs: &Programs,
+    o: &Opts,
+) -> io::Result<Report> {
+    match what {
+        What::Restart => durable::restart(target, programs, o).await,
+        What::Disk => durable::disk(target, o).await,
+        _ => run(what, target.addr, &target.probe(), o).await,
     }
 }
 
@@ -209,8 +232,8 @@ async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
             cli.targets.iter().map(|&k| (k, Vec::new())).collect();
         for round in 1..=cli.rounds {
             for (kind, reports) in &mut runs {
-                let target = Target::start(*kind, programs);
-                let report = run(what, target.addr, &target.probe(), &cli.opts).await?;
+                let mut target = Target::start(*kind, programs);
+                let report = run_on(what, &mut target, programs, &cli.opts).await?;
                 drop(target);
                 let summary: Vec<String> = report
                     .0
@@ -240,7 +263,13 @@ fn print_table(what: What, runs: &[(Kind, Vec<Report>)]) {
             }
         }
     }
-    let base = runs.iter().position(|(k, _)| *k == Kind::Beanstalkd);
+    // Ratios are to the first beanstalkd of the run.
+    let base = runs.iter().position(|(k, _)| {
+        matches!(
+            k,
+            Kind::Beanstalkd | Kind::BeanstalkdB | Kind::BeanstalkdBF0
+        )
+    });
     let others: Vec<usize> = (0..runs.len()).filter(|&i| Some(i) != base).collect();
     println!("\n### {what:?} (median of {} runs)\n", runs[0].1.len());
     let mut head = String::from("| figure | unit |");
@@ -251,7 +280,11 @@ fn print_table(what: What, runs: &[(Kind, Vec<Report>)]) {
     }
     if base.is_some() {
         for &i in &others {
-            head += &format!(" {} ÷ beanstalkd |", runs[i].0.name());
+            head += &format!(
+                " {} ÷ {} |",
+                runs[i].0.name(),
+                runs[base.unwrap_or(0)].0.name()
+            );
             rule += " ---: |";
         }
     }

@@ -12,8 +12,24 @@ use redis::aio::MultiplexedConnection;
 /// What a server is, as far as the comparison goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
+    /// beanstalkd without a binlog.
     Beanstalkd,
+    /// beanstalkd `-b DIR`: its binlog, synced at most every 50 ms, its
+    /// default.
+    #[value(name = "beanstalkd-b")]
+    BeanstalkdB,
+    /// beanstalkd `-b DIR -f 0`: synced at every write.
+    #[value(name = "beanstalkd-b-f0")]
+    BeanstalkdBF0,
+    /// delayq's embedded engine in memory only (`--in-memory`).
     Embedded,
+    /// delayq's durable embedded engine as it starts by default: synced
+    /// before every reply.
+    Durable,
+    /// The durable engine with `-f 50`: synced at most every 50 ms.
+    #[value(name = "durable-f50")]
+    DurableF50,
+    /// delayq on a private Redis.
     Redis,
 }
 
@@ -21,9 +37,21 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Beanstalkd => "beanstalkd",
-            Kind::Embedded => "embedded",
+            Kind::BeanstalkdB => "beanstalkd -b",
+            Kind::BeanstalkdBF0 => "beanstalkd -b -f0",
+            Kind::Embedded => "memory",
+            Kind::Durable => "durable",
+            Kind::DurableF50 => "durable -f50",
             Kind::Redis => "redis",
         }
+    }
+
+    /// Whether it keeps jobs in a data directory of its own.
+    pub fn keeps_a_dir(self) -> bool {
+        matches!(
+            self,
+            Kind::BeanstalkdB | Kind::BeanstalkdBF0 | Kind::Durable | Kind::DurableF50
+        )
     }
 }
 
@@ -66,6 +94,12 @@ impl Proc {
 
     pub fn pid(&self) -> u32 {
         self.0.id()
+    }
+
+    /// SIGKILL, and reaped.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -131,49 +165,88 @@ pub struct Target {
     pub server: Proc,
     /// The Redis behind delayq on the Redis engine.
     pub redis: Option<RedisServer>,
+    /// The data directory, for the servers that keep one.
+    pub dir: Option<tempfile::TempDir>,
+    pub kind: Kind,
 }
 
 impl Target {
     pub fn start(kind: Kind, programs: &Programs) -> Target {
-        let port = free_port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let port = port.to_string();
-        let (server, redis) = match kind {
-            Kind::Beanstalkd => (
-                Proc::spawn(Command::new(&programs.beanstalkd).args([
-                    "-l",
-                    "127.0.0.1",
-                    "-p",
-                    &port,
-                ])),
-                None,
-            ),
-            Kind::Embedded => (
-                Proc::spawn(
-                    Command::new(&programs.delayq)
-                        .args(["-l", "127.0.0.1", "-p", &port])
-                        .env("RUST_LOG", "warn"),
-                ),
-                None,
-            ),
-            Kind::Redis => {
-                let redis = RedisServer::start(&programs.redis_server);
-                let server = Proc::spawn(
-                    Command::new(&programs.delayq)
-                        .args(["-l", "127.0.0.1", "-p", &port, "--redis", &redis.url()])
-                        .env("RUST_LOG", "warn"),
-                );
-                (server, Some(redis))
-            }
-        };
+        let dir = kind
+            .keeps_a_dir()
+            .then(|| tempfile::tempdir().expect("a data directory"));
+        let (addr, server, redis) = Target::spawn(kind, programs, dir.as_ref());
         wait_listening(addr);
         Target {
             addr,
             server,
             redis,
+            dir,
+            kind,
         }
     }
 
+    /// SIGKILLs the server and starts it again on its data directory (or
+    /// its Redis), on a new port; returns once the new one accepts.
+    pub fn kill_and_restart(&mut self, programs: &Programs) {
+        self.server.kill();
+        let (addr, server, _) =
+            Target::spawn_on(self.kind, programs, self.dir.as_ref(), self.redis.as_ref());
+        wait_listening(addr);
+        self.addr = addr;
+        self.server = server;
+    }
+
+    fn spawn(
+        kind: Kind,
+        programs: &Programs,
+        dir: Option<&tempfile::TempDir>,
+    ) -> (SocketAddr, Proc, Option<RedisServer>) {
+        let redis = (kind == Kind::Redis).then(|| RedisServer::start(&programs.redis_server));
+        let (addr, server, _) = Target::spawn_on(kind, programs, dir, redis.as_ref());
+        (addr, server, redis)
+    }
+
+    fn spawn_on(
+        kind: Kind,
+        programs: &Programs,
+        dir: Option<&tempfile::TempDir>,
+        redis: Option<&RedisServer>,
+    ) -> (SocketAddr, Proc, ()) {
+        let port = free_port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let port = port.to_string();
+        let dir = dir.map(|d| d.path().to_str().expect("a UTF-8 path").to_string());
+        let dir = dir.as_deref().unwrap_or_default();
+        let listen = ["-l", "127.0.0.1", "-p", &port];
+        let delayq = |extra: &[&str]| {
+            Proc::spawn(
+                Command::new(&programs.delayq)
+                    .args(listen)
+                    .args(extra)
+                    .env("RUST_LOG", "warn"),
+            )
+        };
+        let beanstalkd = |extra: &[&str]| {
+            Proc::spawn(Command::new(&programs.beanstalkd).args(listen).args(extra))
+        };
+        let server = match kind {
+            Kind::Beanstalkd => beanstalkd(&[]),
+            Kind::BeanstalkdB => beanstalkd(&["-b", dir]),
+            Kind::BeanstalkdBF0 => beanstalkd(&["-b", dir, "-f", "0"]),
+            Kind::Embedded => delayq(&["--in-memory"]),
+            Kind::Durable => delayq(&["-b", dir]),
+            Kind::DurableF50 => delayq(&["-b", dir, "-f", "50"]),
+            Kind::Redis => {
+                let url = redis.expect("a Redis for the Redis engine").url();
+                delayq(&["--redis", &url])
+            }
+        };
+        (addr, server, ())
+    }
+}
+
+impl Target {
     /// What the workloads need to know of this target.
     pub fn probe(&self) -> Probe {
         Probe {
@@ -202,6 +275,23 @@ fn status_field(pid: u32, task: Option<&str>, field: &str) -> Option<u64> {
         .lines()
         .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Bytes the files of `dir` take: allocated on disk (as `du` counts), and
+/// their lengths.
+pub fn dir_size(dir: &std::path::Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut sizes = (0, 0);
+    for entry in std::fs::read_dir(dir)
+        .expect("read a data directory")
+        .flatten()
+    {
+        if let Ok(m) = entry.metadata() {
+            sizes.0 += m.blocks() * 512;
+            sizes.1 += m.len();
+        }
+    }
+    sizes
 }
 
 /// Resident memory, in bytes.

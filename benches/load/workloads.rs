@@ -55,7 +55,16 @@ pub struct Opts {
     /// delay is 1 to this many seconds (beanstalkd's delays are whole seconds).
     #[arg(long, default_value_t = 5)]
     pub spread: u64,
-    /// backlog: delayed jobs.
+    /// disk: live jobs whose size on disk is measured.
+    #[arg(long, default_value_t = 100_000)]
+    pub disk_jobs: usize,
+    /// disk: live jobs during the put/delete cycles.
+    #[arg(long, default_value_t = 1_000)]
+    pub disk_live: usize,
+    /// disk: put/delete cycles.
+    #[arg(long, default_value_t = 300_000)]
+    pub disk_cycles: usize,
+    /// backlog, restart: delayed jobs.
     #[arg(long, default_value_t = 1_000_000)]
     pub backlog: usize,
     /// backlog: connections writing the puts.

@@ -18,10 +18,24 @@ use super::writer::{Buf, Chunk, Shared};
 use crate::error::{StoreError, StoreResult};
 use crate::store::memory::journal::{JobImage, Journal, Record, Written};
 
-/// Room every live job keeps for its delete: twice a delete record, so that
-/// the few bytes lost at the end of each file never eat into it.
-fn promised(live_jobs: u64) -> u64 {
-    live_jobs * 2 * DELETE_LEN as u64 + 4096
+/// Room the live jobs keep for their deletes: a delete record each, and as
+/// the deletes would fill several files, each file's unused end (a record
+/// never straddles two files, so at most a delete record's worth a file).
+pub(super) fn promised(live_jobs: u64, file_size: u64) -> u64 {
+    let deletes = live_jobs * DELETE_LEN as u64;
+    let files = deletes / (file_size - HEADER) + 1;
+    deletes + files * DELETE_LEN as u64 + 4096
+}
+
+/// How many spare files should be ready: enough that the prepared room
+/// covers the live jobs' deletes and a whole file more for new records, so
+/// that puts find room prepared ahead however many jobs are live (a queue
+/// of a million jobs keeps a few dozen megabytes ready for its deletes).
+pub(super) fn spares_needed(b: &Buf, file_size: u64) -> usize {
+    let per_file = file_size - HEADER;
+    let left = file_size.saturating_sub(b.used);
+    let wanted = promised(b.live_jobs, file_size) + per_file;
+    (wanted.saturating_sub(left).div_ceil(per_file) as usize).max(1)
 }
 
 /// Which rule a record is taken under.
@@ -70,7 +84,7 @@ impl<'a> Appender<'a> {
             let room = left + b.spares.len() as u64 * (size - HEADER);
             let cost = if switch { left + len } else { len };
             let live = b.live_jobs + u64::from(class == Class::Put);
-            if (switch && b.spares.is_empty()) || room < cost + promised(live) {
+            if (switch && b.spares.is_empty()) || room < cost + promised(live, size) {
                 return Err(StoreError::OutOfMemory);
             }
         }
@@ -119,6 +133,9 @@ impl<'a> Appender<'a> {
         if class == Class::Put {
             b.live_jobs += 1;
             b.live_bytes += len;
+            if b.spares.len() < spares_needed(b, size) {
+                shared.chores.notify_one();
+            }
         }
         self.wrote = true;
         Ok(())

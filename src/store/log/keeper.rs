@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use super::append::spares_needed;
 use super::files::{HEADER, Kind, header, log_path, prepare_spare, snapshot_path, sync_dir};
 use super::record::{encode, encode_end};
 use super::writer::{Shared, Spare};
@@ -58,7 +59,8 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, mut next_spare: u64) {
                 if b.stopping {
                     return;
                 }
-                let want_spare = b.spares.len() < shared.spares_wanted && b.failed.is_none();
+                let want_spare =
+                    b.spares.len() < spares_needed(&b, shared.file_size) && b.failed.is_none();
                 if want_spare || b.compact {
                     break (want_spare, b.compact);
                 }
@@ -156,7 +158,10 @@ fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::R
         for n in &old {
             b.files.remove(n);
         }
-        (old, shared.spares_wanted.saturating_sub(b.spares.len()))
+        (
+            old,
+            spares_needed(&b, shared.file_size).saturating_sub(b.spares.len()),
+        )
     };
     let mut recycled = Vec::new();
     for (i, n) in old_files.iter().enumerate() {

@@ -140,6 +140,13 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     let started = std::time::Instant::now();
     let got = recovery::recover(&listing, &mut state, options.salvage)?;
     state.replayed(clock.now());
+    // Recovery's buffers are freed; hand the memory back to the system, so
+    // a restarted server holds no more than the one it replaced.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap memory to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let (mut live_jobs, mut live_bytes) = (0u64, 0u64);
     let mut from = Some(0);
     while let Some(at) = from {
@@ -174,7 +181,6 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         dir.clone(),
         options.policy,
         file_size,
-        1,
         got.next_seq,
         number,
         used,
@@ -198,10 +204,12 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
                 .write(true)
                 .open(path);
             match opened {
-                Ok(file) if b.spares.len() < shared.spares_wanted => b.spares.push_back(Spare {
-                    path: path.clone(),
-                    file,
-                }),
+                Ok(file) if b.spares.len() < append::spares_needed(&b, shared.file_size) => {
+                    b.spares.push_back(Spare {
+                        path: path.clone(),
+                        file,
+                    })
+                }
                 _ => {
                     let _ = std::fs::remove_file(path);
                 }

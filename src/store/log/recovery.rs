@@ -77,6 +77,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         skipped: 0,
     };
     let mut start = 1;
+    let mut buf = Vec::new();
     if let Some((first, path)) = listing.snapshots.last() {
         start = *first;
         out.snapshot_bytes = load_snapshot(path, *first, state, salvage, &mut out)?;
@@ -142,7 +143,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         }
         out.files.insert(*number, *first);
         let newest = i + 1 == replay.len();
-        let used = replay_file(path, newest, start, state, salvage, &mut out)?;
+        let used = replay_file(path, newest, start, state, salvage, &mut out, &mut buf)?;
         if newest {
             let file = OpenOptions::new()
                 .read(true)
@@ -156,6 +157,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
 }
 
 /// Replays one log file; returns the offset its data ends at.
+#[allow(clippy::too_many_arguments)]
 fn replay_file(
     path: &PathBuf,
     newest: bool,
@@ -163,8 +165,15 @@ fn replay_file(
     state: &mut State,
     salvage: bool,
     out: &mut Recovered,
+    buf: &mut Vec<u8>,
 ) -> Result<u64, String> {
-    let data = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // One buffer for every file: a fresh one per file would leave the heap
+    // scattered with file-sized holes after the start.
+    buf.clear();
+    File::open(path)
+        .and_then(|mut f| std::io::Read::read_to_end(&mut f, buf))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let data = &buf[..];
     let mut at = HEADER as usize;
     loop {
         let why = match decode(&data[at..]) {
@@ -189,7 +198,7 @@ fn replay_file(
             Err(Bad::End) => return Ok(at as u64),
             Err(bad) => bad.describe().to_string(),
         };
-        let next = continuation(&data, at + 1, out.next_seq);
+        let next = continuation(data, at + 1, out.next_seq);
         let unsynced = next.is_none_or(|(_, f)| f.stamp < out.next_seq);
         if newest && unsynced {
             warn!(

@@ -116,8 +116,6 @@ pub struct Shared {
     pub policy: SyncPolicy,
     /// The size of a log file.
     pub file_size: u64,
-    /// Spare files the keeper keeps ready.
-    pub spares_wanted: usize,
     /// Figures for `stats`.
     pub records_written: AtomicU64,
     /// Records rewritten by snapshots.
@@ -132,7 +130,6 @@ impl Shared {
         dir: PathBuf,
         policy: SyncPolicy,
         file_size: u64,
-        spares_wanted: usize,
         next_seq: u64,
         number: u64,
         used: u64,
@@ -169,7 +166,6 @@ impl Shared {
             dir,
             policy,
             file_size,
-            spares_wanted,
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
         }

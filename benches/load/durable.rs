@@ -1,0 +1,135 @@
+//! The workloads of servers that keep jobs on disk: `restart` (a big
+//! backlog, SIGKILL, the time until the new process serves all of it) and
+//! `disk` (bytes on disk per live job, and what put/delete cycles leave).
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use crate::client::Conn;
+use crate::procs::{Programs, Target, dir_size, rss};
+use crate::report::Report;
+use crate::workloads::{Opts, backlog};
+
+/// `restart`: the `backlog` of delayed jobs, then SIGKILL and a new process
+/// on the same data: seconds from its start until it answers and its
+/// `stats` count every job, and its memory then against before.
+pub async fn restart(target: &mut Target, programs: &Programs, o: &Opts) -> io::Result<Report> {
+    let mut report = backlog(target.addr, o, &target.probe()).await?;
+    // What -f or -F has not synced yet is in the page cache, which a
+    // SIGKILL leaves; give the servers that sync late the same footing.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = rss(target.server.pid());
+    let start = Instant::now();
+    target.kill_and_restart(programs);
+    let mut c = Conn::connect(target.addr).await?;
+    loop {
+        c.queue(format_args!("stats"));
+        let stats = c.round_trip().await?;
+        if stats.field("current-jobs-delayed") == Some(o.backlog as u64) {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(io::Error::other("the jobs did not all come back"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    report.add("restart, all jobs back", "s", start.elapsed().as_secs_f64());
+    report.add("RSS before", "MiB", before as f64 / 1048576.0);
+    report.add(
+        "RSS after restart",
+        "MiB",
+        rss(target.server.pid()) as f64 / 1048576.0,
+    );
+    Ok(report)
+}
+
+/// `disk`: `disk_jobs` delayed jobs, then the data directory's size per job;
+/// then `disk_cycles` put/delete cycles over `disk_live` live jobs and the
+/// directory's size after them (and after a second for compaction to end).
+pub async fn disk(target: &Target, o: &Opts) -> io::Result<Report> {
+    let dir = target
+        .dir
+        .as_ref()
+        .ok_or_else(|| io::Error::other("disk needs a server with a data directory"))?;
+    let mut c = Conn::connect(target.addr).await?;
+    let body = vec![b'x'; o.body];
+    let empty = dir_size(dir.path());
+    let mut ids = std::collections::VecDeque::new();
+    put_many(&mut c, &body, o.disk_jobs, &mut ids).await?;
+    // beanstalkd writes within 50 ms, not at once.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let full = dir_size(dir.path());
+    let mut report = Report::default();
+    let per_job = |now: u64, then: u64| (now as f64 - then as f64) / o.disk_jobs as f64;
+    report.add("disk/live job (allocated)", "B", per_job(full.0, empty.0));
+    report.add(
+        "disk/live job (file lengths)",
+        "B",
+        per_job(full.1, empty.1),
+    );
+    delete_many(&mut c, ids.len(), &mut ids).await?;
+
+    put_many(&mut c, &body, o.disk_live, &mut ids).await?;
+    let start = Instant::now();
+    let mut done = 0;
+    while done < o.disk_cycles {
+        let n = 100.min(o.disk_cycles - done);
+        put_many(&mut c, &body, n, &mut ids).await?;
+        delete_many(&mut c, n, &mut ids).await?;
+        done += n;
+    }
+    let rate = done as f64 / start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = dir_size(dir.path());
+    report.add("put/delete cycles/s (pipelined 100)", "/s", rate);
+    report.add(
+        "dir after cycles (allocated)",
+        "MiB",
+        after.0 as f64 / 1048576.0,
+    );
+    report.add(
+        "dir after cycles (file lengths)",
+        "MiB",
+        after.1 as f64 / 1048576.0,
+    );
+    Ok(report)
+}
+
+/// Puts `n` delayed jobs in one write and reads their ids.
+async fn put_many(
+    c: &mut Conn,
+    body: &[u8],
+    n: usize,
+    ids: &mut std::collections::VecDeque<u64>,
+) -> io::Result<()> {
+    for chunk in 0..n.div_ceil(1000) {
+        let k = 1000.min(n - chunk * 1000);
+        for _ in 0..k {
+            c.queue_put(0, 3600, 60, body);
+        }
+        c.flush().await?;
+        for _ in 0..k {
+            ids.push_back(c.reply().await?.id("INSERTED")?);
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the `n` oldest of `ids` in one write.
+async fn delete_many(
+    c: &mut Conn,
+    n: usize,
+    ids: &mut std::collections::VecDeque<u64>,
+) -> io::Result<()> {
+    let gone: Vec<u64> = ids.drain(..n).collect();
+    for chunk in gone.chunks(1000) {
+        for id in chunk {
+            c.queue(format_args!("delete {id}"));
+        }
+        c.flush().await?;
+        for _ in chunk {
+            c.reply().await?.expect("DELETED")?;
+        }
+    }
+    Ok(())
+}
