@@ -29,6 +29,9 @@
 mod ceiling;
 mod client;
 mod durable;
+// The tests' port picker, shared rather than copied.
+#[path = "../../tests/common/ports.rs"]
+mod ports;
 mod procs;
 mod report;
 mod workloads;

@@ -2,12 +2,14 @@
 //! bench reads of them from `/proc` and from Redis's `INFO`.
 
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+
+use crate::ports::free_port;
 
 /// What a server is, as far as the comparison goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -61,14 +63,6 @@ pub struct Programs {
     pub delayq: PathBuf,
     pub beanstalkd: PathBuf,
     pub redis_server: PathBuf,
-}
-
-/// A port nothing listens on now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
 }
 
 /// A child process, killed when dropped.

@@ -2,24 +2,17 @@
 //! thing: a [`Daemon`] on its own loopback port, killed if still running when
 //! dropped.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
+pub use super::ports::free_port;
 use super::{Client, REPLY_TIMEOUT};
 
 /// The `delayq` binary Cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_delayq");
-
-/// A loopback port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("bind port 0")
-        .port()
-}
 
 /// Waits for `child` to exit; kills it and fails if it does not in time.
 pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {

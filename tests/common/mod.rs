@@ -13,6 +13,7 @@
 #![allow(dead_code, unused_macros)]
 
 pub mod daemon;
+pub mod ports;
 pub mod redis;
 
 use std::collections::BTreeMap;
@@ -249,7 +250,25 @@ pub struct Job {
     pub body: Vec<u8>,
 }
 
+/// The connection ended under a client in its fallible mode: the server
+/// process went away.
+#[derive(Debug)]
+pub struct Gone;
+
+/// A result of the fallible mode.
+pub type Io<T> = Result<T, Gone>;
+
+/// Longest any single reply may take in the fallible mode (a blocked
+/// `reserve-with-timeout 1` under load included) before the test fails
+/// instead of hanging.
+const FALLIBLE_LIMIT: Duration = Duration::from_secs(10);
+
 /// One client connection speaking the text protocol over real TCP.
+///
+/// Its methods panic on anything but the expected reply, for the suites
+/// that test one server; the `try_` methods (the fallible mode) return
+/// [`Gone`] when the connection ends, for the fault tests whose servers are
+/// killed under them.
 pub struct Client {
     stream: BufReader<TcpStream>,
 }
@@ -569,4 +588,96 @@ pub fn every_byte() -> Vec<u8> {
     let mut body: Vec<u8> = (0..=255u8).collect();
     body.extend_from_slice(b"\r\n\r\nend\r\n");
     body
+}
+
+/// The fallible mode: EOF and resets are results, not panics.
+impl Client {
+    /// Connects to `addr`; `Gone` if nothing accepts.
+    pub async fn try_connect(addr: SocketAddr) -> Io<Client> {
+        let stream = tokio::time::timeout(REPLY_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .expect("connect within the timeout")
+            .map_err(|_| Gone)?;
+        stream.set_nodelay(true).map_err(|_| Gone)?;
+        Ok(Client {
+            stream: BufReader::new(stream),
+        })
+    }
+
+    pub async fn try_send(&mut self, bytes: &[u8]) -> Io<()> {
+        self.stream
+            .get_mut()
+            .write_all(bytes)
+            .await
+            .map_err(|_| Gone)
+    }
+
+    pub async fn try_line(&mut self) -> Io<String> {
+        let mut buf = Vec::new();
+        let n = tokio::time::timeout(FALLIBLE_LIMIT, self.stream.read_until(b'\n', &mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no reply within {FALLIBLE_LIMIT:?} (got {buf:?})"))
+            .map_err(|_| Gone)?;
+        if n == 0 || !buf.ends_with(b"\r\n") {
+            return Err(Gone);
+        }
+        buf.truncate(buf.len() - 2);
+        Ok(String::from_utf8(buf).expect("reply line is UTF-8"))
+    }
+
+    async fn try_block(&mut self, len: usize) -> Io<Vec<u8>> {
+        let mut buf = vec![0; len + 2];
+        tokio::time::timeout(FALLIBLE_LIMIT, self.stream.read_exact(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{len} bytes did not arrive within {FALLIBLE_LIMIT:?}"))
+            .map_err(|_| Gone)?;
+        assert_eq!(&buf[len..], b"\r\n", "data block is followed by CRLF");
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    pub async fn try_cmd(&mut self, line: &str) -> Io<String> {
+        self.try_send(format!("{line}\r\n").as_bytes()).await?;
+        self.try_line().await
+    }
+
+    /// The id and body of a job whose `RESERVED <id> <bytes>` line was read.
+    pub async fn try_job(&mut self, line: &str) -> Io<(String, Vec<u8>)> {
+        let (id, len) = line
+            .strip_prefix("RESERVED ")
+            .and_then(|rest| rest.split_once(' '))
+            .unwrap_or_else(|| panic!("expected RESERVED <id> <bytes>, got {line:?}"));
+        let len = len.parse().expect("byte count");
+        Ok((id.to_string(), self.try_block(len).await?))
+    }
+
+    /// Whether the server's storage answers: `stats` needs it, and is
+    /// answered `INTERNAL_ERROR` while it is away.
+    pub async fn storage_answers(&mut self) -> Io<bool> {
+        let line = self.try_cmd("stats").await?;
+        if line == "INTERNAL_ERROR" {
+            return Ok(false);
+        }
+        let len = line
+            .strip_prefix("OK ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("expected OK <bytes> to stats, got {line:?}"));
+        self.try_block(len).await?;
+        Ok(true)
+    }
+
+    /// `stats`, as a map of its numeric figures.
+    pub async fn try_stats(&mut self) -> Io<std::collections::HashMap<String, u64>> {
+        let line = self.try_cmd("stats").await?;
+        let len = line
+            .strip_prefix("OK ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("expected OK <bytes> to stats, got {line:?}"));
+        let doc = String::from_utf8(self.try_block(len).await?).expect("YAML is UTF-8");
+        Ok(doc
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect())
+    }
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::conn::{CURRENT, Conn, Gone, Io, figure};
+use crate::common::Client;
+use crate::conn::{CURRENT, Gone, Io, figure};
 use crate::ledger::{Delivery, Ledger, Put};
 
 /// Longest a test waits for its workers to drain everything.
@@ -62,7 +63,7 @@ pub async fn produce(
     window: usize,
     pace: Duration,
 ) {
-    let mut conn: Option<Conn> = None;
+    let mut conn: Option<Client> = None;
     for chunk in jobs.chunks(window) {
         let c = loop {
             if let Some(c) = conn.as_mut() {
@@ -71,7 +72,7 @@ pub async fn produce(
             let Some(addr) = *endpoint.borrow_and_update() else {
                 return;
             };
-            match Conn::connect(addr).await {
+            match Client::try_connect(addr).await {
                 Ok(c) => conn = Some(c),
                 Err(Gone) => next_endpoint(&mut endpoint, name).await,
             }
@@ -103,10 +104,10 @@ pub async fn produce(
             }
         }
         let mut answered = 0;
-        let mut died = c.send(&msg).await.is_err();
+        let mut died = c.try_send(&msg).await.is_err();
         let mut refused = false;
         while !died && answered < chunk.len() {
-            match c.line().await {
+            match c.try_line().await {
                 Ok(reply) if reply == "INTERNAL_ERROR" => {
                     // Redis went away during the put: it may have been
                     // stored (and its reply lost), or not.
@@ -145,7 +146,7 @@ pub async fn produce(
 }
 
 /// Polls until the server's storage answers again.
-async fn wait_for_storage(c: &mut Conn) -> Io<()> {
+async fn wait_for_storage(c: &mut Client) -> Io<()> {
     let start = Instant::now();
     while !c.storage_answers().await? {
         assert!(start.elapsed() < DRAIN_LIMIT, "the storage never came back");
@@ -168,7 +169,7 @@ pub async fn work(
     loop {
         let addr = (*endpoint.borrow_and_update())?;
         let mut held = VecDeque::new();
-        let outcome = match Conn::connect(addr).await {
+        let outcome = match Client::try_connect(addr).await {
             Ok(mut conn) => work_on(&name, &mut conn, &ledger, hold, &mut held).await,
             Err(Gone) => Err(Gone),
         };
@@ -185,16 +186,16 @@ pub async fn work(
 
 async fn work_on(
     name: &str,
-    conn: &mut Conn,
+    conn: &mut Client,
     ledger: &Ledger,
     hold: usize,
     held: &mut VecDeque<Delivery>,
 ) -> Io<HashMap<String, u64>> {
     loop {
         let asked = Instant::now();
-        let reply = conn.cmd("reserve-with-timeout 1").await?;
+        let reply = conn.try_cmd("reserve-with-timeout 1").await?;
         if reply.starts_with("RESERVED ") {
-            let (id, body) = conn.job(&reply).await?;
+            let (id, body) = conn.try_job(&reply).await?;
             let d = Delivery {
                 worker: name.to_string(),
                 id,
@@ -220,7 +221,7 @@ async fn work_on(
                 delete_oldest(name, conn, ledger, held).await?;
             }
             if reply == "TIMED_OUT" && ledger.done.load(Ordering::SeqCst) {
-                let stats = conn.stats().await?;
+                let stats = conn.try_stats().await?;
                 if CURRENT.iter().all(|k| figure(&stats, k) == 0) {
                     return Ok(stats);
                 }
@@ -233,7 +234,7 @@ async fn work_on(
 
 async fn delete_oldest(
     name: &str,
-    conn: &mut Conn,
+    conn: &mut Client,
     ledger: &Ledger,
     held: &mut VecDeque<Delivery>,
 ) -> Io<()> {
@@ -242,7 +243,7 @@ async fn delete_oldest(
     // After an INTERNAL_ERROR the delete may have happened, its reply lost.
     let mut maybe_done = false;
     loop {
-        match conn.cmd(&format!("delete {}", d.id)).await {
+        match conn.try_cmd(&format!("delete {}", d.id)).await {
             Ok(reply) if reply == "DELETED" => {
                 ledger.books().deleted.insert(d.id, Instant::now());
                 return Ok(());

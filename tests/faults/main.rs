@@ -9,7 +9,8 @@
 //! before the reply), every delivery and every `DELETED`, and check the
 //! delivery guarantees against it at the end.
 //!
-//! Split into modules: the harness (`conn`, `in_process`, `ledger`,
+//! Split into modules: the harness (`conn`: what is read of `stats`, the
+//! client being the tests' one in its fallible mode; `in_process`, `ledger`,
 //! `load`, and `restarts::killed_and_restarted` over any engine that keeps
 //! jobs across a process) and the tests grouped by theme (`restarts`,
 //! `durable`, `timers`, `redis_down`, `durability`).
