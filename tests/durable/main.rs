@@ -63,39 +63,55 @@ pub fn copy_dir(from: &Path) -> tempfile::TempDir {
 }
 
 /// Runs the binary on `dir` with `args` until it either exits (its status
-/// and standard error) or listens (then it is killed and `None`).
+/// and standard error) or says it listens (then it is killed and `None`).
+/// Its own log says which: a connection to its port could reach another
+/// test's server that took the port meanwhile.
 pub fn start_or_refuse(dir: &Path, args: &[&str]) -> Option<(std::process::ExitStatus, String)> {
+    use std::io::BufRead;
     let port = free_port();
     let mut child = Command::new(BIN)
         .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-b"])
         .arg(dir)
         .args(args)
+        .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn delayq");
-    let start = std::time::Instant::now();
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut err = String::new();
+    let limit = std::time::Instant::now() + common::REPLY_TIMEOUT;
     loop {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(line) if line.contains("delayq listening") => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            Ok(line) => {
+                err.push_str(&line);
+                err.push('\n');
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let status = wait_exit(&mut child, common::REPLY_TIMEOUT);
+                return Some((status, err));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                assert!(
+                    std::time::Instant::now() < limit,
+                    "neither started nor refused:\n{err}"
+                );
+            }
         }
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut err = String::new();
-            use std::io::Read;
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            return Some((status, err));
-        }
-        if start.elapsed() > common::REPLY_TIMEOUT {
-            wait_exit(&mut child, Duration::ZERO);
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
