@@ -185,6 +185,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         number,
         used,
         files,
+        current,
     ));
     let mut next_spare = 0;
     {
@@ -222,7 +223,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("delayq-log".into())
-            .spawn(move || writer::run(shared, current))
+            .spawn(move || writer::run(shared))
             .map_err(|e| format!("cannot start the log writer: {e}"))?
     };
     let keeper = {
@@ -258,6 +259,16 @@ impl Log for Wal {
         };
         if reached(&self.shared.marks.borrow()) {
             return Ok(());
+        }
+        if !synced {
+            // With -f or -F a change is safe once the kernel has it: write
+            // it from here rather than wait for the writer thread to wake
+            // (a pwrite into the page cache, in order under the file's
+            // lock, with whatever else has gathered).
+            self.shared.flush();
+            if reached(&self.shared.marks.borrow()) {
+                return Ok(());
+            }
         }
         let mut marks = self.shared.marks.subscribe();
         let m = marks

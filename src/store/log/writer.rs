@@ -93,6 +93,7 @@ pub struct Buf {
     pub compact: bool,
     /// Why the log stopped taking changes.
     pub failed: Option<Arc<str>>,
+    /// The writer sleeps until woken: a transition that appends wakes it.
     pub(super) writer_idle: bool,
     /// The server is stopping: write what is left, sync, stop.
     pub stopping: bool,
@@ -116,6 +117,10 @@ pub struct Shared {
     pub policy: SyncPolicy,
     /// The size of a log file.
     pub file_size: u64,
+    /// The log file being written, locked by whoever writes into it (the
+    /// writer thread, or with `-f`/`-F` a connection settling its change),
+    /// so that records reach it in order.
+    file: Mutex<File>,
     /// Figures for `stats`.
     pub records_written: AtomicU64,
     /// Records rewritten by snapshots.
@@ -134,6 +139,7 @@ impl Shared {
         number: u64,
         used: u64,
         files: BTreeMap<u64, u64>,
+        current: File,
     ) -> Shared {
         let synced = next_seq - 1;
         Shared {
@@ -166,9 +172,67 @@ impl Shared {
             dir,
             policy,
             file_size,
+            file: Mutex::new(current),
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
         }
+    }
+
+    /// Writes every record gathered so far into the log file and publishes
+    /// the written mark; false if there was nothing to write, or the log
+    /// has failed.
+    pub fn flush(&self) -> bool {
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken with the file locked, so that groups are written in order.
+        let (chunks, upto) = {
+            let mut b = self.lock();
+            if b.failed.is_some() {
+                b.chunks.clear();
+                return false;
+            }
+            (std::mem::take(&mut b.chunks), b.next_seq - 1)
+        };
+        if chunks.is_empty() {
+            return false;
+        }
+        let records = written_records(self, upto);
+        let mut emptied = Vec::new();
+        if let Err((what, e)) = write(self, &mut file, chunks, &mut emptied) {
+            drop(file);
+            self.fail(what, &e);
+            return false;
+        }
+        self.lock().free.append(&mut emptied);
+        self.records_written.fetch_add(records, Ordering::Relaxed);
+        self.marks.send_modify(|m| m.written = m.written.max(upto));
+        true
+    }
+
+    /// Syncs what is written; returns how long the sync took.
+    fn sync(&self) -> Result<Duration, ()> {
+        // The records written so far are in this file, or in files synced
+        // before it was begun; a handle of its own lets writes go on while
+        // it syncs.
+        let (handle, upto) = {
+            let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+            let upto = self.marks.borrow().written;
+            match file.try_clone() {
+                Ok(handle) => (handle, upto),
+                Err(e) => {
+                    drop(file);
+                    self.fail("dup", &e);
+                    return Err(());
+                }
+            }
+        };
+        let start = Instant::now();
+        if let Err(e) = handle.sync_data() {
+            self.fail("fdatasync", &e);
+            return Err(());
+        }
+        self.synced.store(upto, Ordering::Release);
+        self.marks.send_modify(|m| m.synced = m.synced.max(upto));
+        Ok(start.elapsed())
     }
 
     /// Locks the buffer.
@@ -199,28 +263,33 @@ impl Shared {
 
 /// The writer thread: writes what gathers, syncs as the policy says,
 /// publishes how far it got; stops once told to and everything is synced.
-pub fn run(shared: Arc<Shared>, mut current: File) {
+pub fn run(shared: Arc<Shared>) {
     let mut last_sync = Instant::now();
-    let mut unsynced = false;
-    let mut emptied: Vec<Vec<u8>> = Vec::new();
-    // How long to let the next group gather after a sync (see `gather`).
+    // How long to let the next group gather after a sync (see `gather_time`).
     let mut gather = Duration::ZERO;
     loop {
         if !gather.is_zero() {
             std::thread::sleep(gather);
         }
-        let (chunks, upto, stopping) = {
+        let unsynced = |shared: &Shared| {
+            let m = shared.marks.borrow();
+            m.written > m.synced
+        };
+        let stopping = {
             let mut b = shared.lock();
-            b.free.append(&mut emptied);
             loop {
                 if !b.chunks.is_empty() || b.stopping {
                     break;
                 }
+                // With -f, connections may have written records themselves.
                 let deadline = match shared.policy {
-                    SyncPolicy::Every(every) if unsynced => Some(last_sync + every),
+                    SyncPolicy::Every(every) if unsynced(&shared) => Some(last_sync + every),
                     _ => None,
                 };
-                b.writer_idle = true;
+                // A writer that will wake by itself to sync (with -f, once
+                // something is unsynced) needs no wake-up per record: the
+                // connections write their records themselves.
+                b.writer_idle = deadline.is_none();
                 b = match deadline {
                     None => shared.wake.wait(b).unwrap_or_else(PoisonError::into_inner),
                     Some(at) => {
@@ -246,40 +315,25 @@ pub fn run(shared: Arc<Shared>, mut current: File) {
                 drop(shared.wake.wait(b));
                 continue;
             }
-            (std::mem::take(&mut b.chunks), b.next_seq - 1, b.stopping)
+            b.stopping
         };
-        let wrote_any = !chunks.is_empty();
-        let records = written_records(&shared, upto);
-        if let Err((what, e)) = write(&shared, &mut current, chunks, &mut emptied) {
-            shared.fail(what, &e);
-            continue;
-        }
-        if wrote_any {
-            unsynced = true;
-            shared.records_written.fetch_add(records, Ordering::Relaxed);
-            shared
-                .marks
-                .send_modify(|m| m.written = m.written.max(upto));
-        }
-        let sync_now = unsynced
+        let before = shared.marks.borrow().written;
+        shared.flush();
+        let records = shared.marks.borrow().written.saturating_sub(before);
+        let sync_now = unsynced(&shared)
             && match shared.policy {
                 SyncPolicy::Always => true,
                 SyncPolicy::Every(every) => stopping || last_sync.elapsed() >= every,
                 SyncPolicy::Never => stopping,
             };
         if sync_now {
-            let syncing = Instant::now();
-            if let Err(e) = current.sync_data() {
-                shared.fail("fdatasync", &e);
+            let Ok(took) = shared.sync() else {
                 continue;
-            }
-            gather = gather_time(records, syncing.elapsed());
+            };
+            gather = gather_time(records, took);
             last_sync = Instant::now();
-            unsynced = false;
-            shared.synced.store(upto, Ordering::Release);
-            shared.marks.send_modify(|m| m.synced = m.synced.max(upto));
         }
-        if stopping && !unsynced && shared.lock().chunks.is_empty() {
+        if stopping && !unsynced(&shared) && shared.lock().chunks.is_empty() {
             return;
         }
     }
