@@ -87,6 +87,8 @@ async fn ten_thousand_connections_at_once(backend: Backend) {
     let redis = (backend == Backend::Redis).then(|| RedisServer::start(&[]));
     let daemon = match &redis {
         Some(r) => Daemon::redis(&r.url).await,
+        // The memory-only engine must be asked for: the default is durable.
+        None if backend == Backend::Memory => Daemon::start(&["--in-memory"]).await,
         None => Daemon::start(&[]).await,
     };
     let rss_before = crate::rss_bytes(daemon.child.id());

@@ -28,6 +28,8 @@ async fn clients_that_never_read_hold_bounded_memory(backend: Backend) {
     let redis = (backend == Backend::Redis).then(|| RedisServer::start(&[]));
     let daemon = match &redis {
         Some(r) => Daemon::redis(&r.url).await,
+        // The memory-only engine must be asked for: the default is durable.
+        None if backend == Backend::Memory => Daemon::start(&["--in-memory"]).await,
         None => Daemon::start(&[]).await,
     };
     let mut c = daemon.client().await;

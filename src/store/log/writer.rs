@@ -120,7 +120,7 @@ pub struct Shared {
     /// The log file being written, locked by whoever writes into it (the
     /// writer thread, or with `-f`/`-F` a connection settling its change),
     /// so that records reach it in order.
-    file: Mutex<File>,
+    file: Mutex<Arc<File>>,
     /// Figures for `stats`.
     pub records_written: AtomicU64,
     /// Records rewritten by snapshots.
@@ -172,7 +172,7 @@ impl Shared {
             dir,
             policy,
             file_size,
-            file: Mutex::new(current),
+            file: Mutex::new(Arc::new(current)),
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
         }
@@ -211,19 +211,12 @@ impl Shared {
     /// Syncs what is written; returns how long the sync took.
     fn sync(&self) -> Result<Duration, ()> {
         // The records written so far are in this file, or in files synced
-        // before it was begun; a handle of its own lets writes go on while
-        // it syncs.
+        // before it was begun; holding the file itself (not its lock) lets
+        // writes go on while it syncs, and takes no descriptor, which a
+        // server at its open-file limit may not have.
         let (handle, upto) = {
             let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
-            let upto = self.marks.borrow().written;
-            match file.try_clone() {
-                Ok(handle) => (handle, upto),
-                Err(e) => {
-                    drop(file);
-                    self.fail("dup", &e);
-                    return Err(());
-                }
-            }
+            (Arc::clone(&file), self.marks.borrow().written)
         };
         let start = Instant::now();
         if let Err(e) = handle.sync_data() {
@@ -366,7 +359,7 @@ fn written_records(shared: &Shared, upto: u64) -> u64 {
 /// directory synced, so a log file's name never outlives its data.
 fn write(
     shared: &Shared,
-    current: &mut File,
+    current: &mut Arc<File>,
     chunks: Vec<Chunk>,
     emptied: &mut Vec<Vec<u8>>,
 ) -> Result<(), (&'static str, io::Error)> {
@@ -385,7 +378,7 @@ fn write(
                 fs::rename(&spare.path, log_path(&shared.dir, chunk.number))
                     .map_err(|e| ("rename", e))?;
                 sync_dir(&shared.dir).map_err(|e| ("directory sync", e))?;
-                *current = spare.file;
+                *current = Arc::new(spare.file);
             }
         }
         chunk.bytes.clear();
