@@ -71,6 +71,10 @@ pub struct Books {
     pub acked_at: HashMap<String, Instant>,
     /// Puts whose connection died before the reply: maybe stored, maybe not.
     pub in_doubt: HashSet<Vec<u8>>,
+    /// The puts in doubt that were sent before the fault that cut their
+    /// connection off, so the fault caught them awaiting their reply (the
+    /// others were sent into a connection already dead).
+    pub in_flight: HashSet<Vec<u8>>,
     pub deliveries: Vec<Delivery>,
     /// `DELETED` received: id -> when.
     pub deleted: HashMap<String, Instant>,
@@ -99,6 +103,8 @@ pub struct Summary {
     pub in_doubt: usize,
     /// Puts in doubt that turned out stored (they were delivered).
     pub in_doubt_stored: usize,
+    /// Puts in doubt that a fault caught awaiting their reply.
+    pub in_flight: usize,
     pub deliveries: usize,
     /// Acknowledged jobs never delivered: (id, when acknowledged). Empty
     /// unless the check was told loss is possible.
@@ -117,6 +123,13 @@ impl Ledger {
 
     pub fn acked_count(&self) -> usize {
         self.books().acked.len()
+    }
+
+    /// Puts settled so far: acknowledged, or in doubt (their connection
+    /// died first, or they met `INTERNAL_ERROR`).
+    pub fn settled_count(&self) -> usize {
+        let b = self.books();
+        b.acked.len() + b.in_doubt.len()
     }
 
     /// Puts sent so far, whatever became of them.
@@ -153,6 +166,12 @@ impl Ledger {
     /// jobs its workers then find themselves cut off from are orphans of it.
     pub fn fault(&self, fault: Fault) {
         *self.fault.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), fault));
+    }
+
+    /// When the last fault was dealt, if any.
+    pub fn fault_at(&self) -> Option<Instant> {
+        let fault = self.fault.lock().unwrap_or_else(PoisonError::into_inner);
+        fault.map(|(at, _)| at)
     }
 
     /// The jobs a worker held when its connection died become orphans of
@@ -358,6 +377,7 @@ impl Ledger {
             acked: b.acked.len(),
             in_doubt: b.in_doubt.len(),
             in_doubt_stored: in_doubt_stored.len(),
+            in_flight: b.in_flight.len(),
             deliveries: b.deliveries.len(),
             lost,
             redelivered,

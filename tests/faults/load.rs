@@ -105,6 +105,7 @@ pub async fn produce(
         }
         let mut answered = 0;
         let mut died = c.try_send(&msg).await.is_err();
+        let sent = Instant::now();
         let mut refused = false;
         while !died && answered < chunk.len() {
             match c.try_line().await {
@@ -134,10 +135,18 @@ pub async fn produce(
             died = wait_for_storage(c).await.is_err();
         }
         if died {
-            ledger
-                .books()
-                .in_doubt
-                .extend(chunk[answered..].iter().map(|put| put.body.clone()));
+            // The connection died under the last fault dealt: if the chunk
+            // was sent before it, its puts were awaiting replies when it came.
+            let caught = ledger.fault_at().is_some_and(|at| sent < at);
+            {
+                let mut b = ledger.books();
+                for put in &chunk[answered..] {
+                    if caught {
+                        b.in_flight.insert(put.body.clone());
+                    }
+                    b.in_doubt.insert(put.body.clone());
+                }
+            }
             conn = None;
             next_endpoint(&mut endpoint, name).await;
         }

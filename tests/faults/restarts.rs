@@ -11,7 +11,7 @@ use crate::common::Client;
 use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::conn::figure;
-use crate::ledger::{Fault, Ledger};
+use crate::ledger::{Fault, Ledger, Summary};
 use crate::load::{job, join, produce, wait_until, work};
 
 /// Where a test's delayq processes keep their jobs, so that a new process
@@ -47,11 +47,54 @@ impl Keeper {
     }
 }
 
+/// How the producers of [`killed_and_restarted`] put.
+#[derive(Debug, Clone, Copy)]
+pub struct Producers {
+    /// Connections putting at once.
+    pub count: usize,
+    /// Puts each sends before reading their replies (pipelined).
+    pub window: usize,
+    /// The pause after each window's replies.
+    pub pace: Duration,
+}
+
+impl Producers {
+    /// `count` producers, each with one put in flight and a pause of 8 ms
+    /// after it: a kill mostly finds them between puts.
+    pub fn paced(count: usize) -> Producers {
+        Producers {
+            count,
+            window: 1,
+            pace: Duration::from_millis(8),
+        }
+    }
+
+    /// `count` producers, each sending `window` puts at a time with no
+    /// pause: a kill finds them awaiting replies.
+    pub fn flooding(count: usize, window: usize) -> Producers {
+        Producers {
+            count,
+            window,
+            pace: Duration::ZERO,
+        }
+    }
+}
+
 /// SIGKILLs delayq `kills` times under load, each time while the worker
-/// holds a job, and starts a new process on the same jobs; `producers`
-/// connections put at once (one put in flight each). Nothing acknowledged
-/// may be lost; the ledger's checks say when held jobs must come back.
-pub async fn killed_and_restarted(keeper: Keeper, what: &str, kills: usize, producers: usize) {
+/// holds a job, and starts a new process on the same jobs, with `producers`
+/// putting. Nothing acknowledged may be lost; the ledger's checks say when
+/// held jobs must come back. Returns what the ledger found.
+pub async fn killed_and_restarted(
+    keeper: Keeper,
+    what: &str,
+    kills: usize,
+    producers: Producers,
+) -> Summary {
+    let Producers {
+        count: producers,
+        window,
+        pace,
+    } = producers;
     let jobs = 60 * kills * producers;
     let started = Instant::now();
     let mut daemon = keeper.start().await;
@@ -65,8 +108,15 @@ pub async fn killed_and_restarted(keeper: Keeper, what: &str, kills: usize, prod
                 .collect();
             let (endpoint, ledger) = (endpoint.clone(), ledger.clone());
             tokio::spawn(async move {
-                let pace = Duration::from_millis(8);
-                produce(&format!("producer-{p}"), endpoint, ledger, puts, 1, pace).await;
+                produce(
+                    &format!("producer-{p}"),
+                    endpoint,
+                    ledger,
+                    puts,
+                    window,
+                    pace,
+                )
+                .await;
             })
         })
         .collect();
@@ -89,15 +139,19 @@ pub async fn killed_and_restarted(keeper: Keeper, what: &str, kills: usize, prod
 
     let summary = ledger.check(false);
     eprintln!(
-        "delayq ({what}) SIGKILLed {kills} times under load from {producers} producers: \
-         {} jobs ledgered, {} lost; {summary:?} in {:?}",
+        "delayq ({what}) SIGKILLed {kills} times under load from {producers} producers \
+         ({window} puts at a time): {} jobs ledgered, {} lost, {} puts caught awaiting \
+         their reply; {summary:?} in {:?}",
         summary.acked,
         summary.lost.len(),
+        summary.in_flight,
         started.elapsed()
     );
-    // With one put in flight per producer, each kill leaves at most one in
-    // doubt per producer.
-    assert!(summary.in_doubt <= kills * producers, "{summary:?}");
+    // Each kill leaves at most one window in doubt per producer.
+    assert!(
+        summary.in_doubt <= kills * producers * window,
+        "{summary:?}"
+    );
     assert_eq!(summary.acked + summary.in_doubt, jobs, "{summary:?}");
     assert!(
         summary.orphans > 0,
@@ -112,12 +166,13 @@ pub async fn killed_and_restarted(keeper: Keeper, what: &str, kills: usize, prod
             "every job stored was acknowledged or in doubt"
         );
     }
+    summary
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delayq_killed_and_restarted_loses_nothing() {
     let redis = Keeper::Redis(RedisServer::start(&[]));
-    killed_and_restarted(redis, "Redis", crate::scale(10, 50), 1).await;
+    killed_and_restarted(redis, "Redis", crate::scale(10, 50), Producers::paced(1)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -286,12 +341,14 @@ async fn sigterm_under_load_loses_nothing() {
 }
 
 /// Waits for the `k`th of `faults` moments spread over a run of `jobs`:
-/// once that share of the jobs is acknowledged, and while the worker holds
-/// a job, so the fault catches it mid-work.
+/// once that share of the puts is settled (acknowledged or in doubt: with
+/// windows of puts, each fault leaves many in doubt, which are never
+/// acknowledged), and while the worker holds a job, so the fault catches it
+/// mid-work.
 async fn fault_moment(ledger: &Ledger, k: usize, faults: usize, jobs: usize) {
     let enough = k * jobs / (faults + 1);
-    wait_until("jobs acknowledged", Duration::from_secs(15), || {
-        ledger.acked_count() >= enough
+    wait_until("puts settled", Duration::from_secs(15), || {
+        ledger.settled_count() >= enough
     })
     .await;
     wait_until("the worker holds a job", Duration::from_secs(5), || {
