@@ -3,11 +3,24 @@
 //! same machine, in the same run.
 //!
 //! ```text
-//! cargo bench --bench load -- compare            # every workload, 3 rounds, all three servers
-//! cargo bench --bench load -- cycle --target redis
+//! cargo bench --bench load -- compare            # the usual workloads, 3 rounds, the default servers
+//! cargo bench --bench load -- compare --workloads cycle,lateness \
+//!     --targets beanstalkd-b,beanstalkd-b-f0,delayq-durable,delayq-f50 --baseline beanstalkd-b
+//! cargo bench --bench load -- compare --workloads cycle \
+//!     --targets 'delayq-durable,delayq-durable:-s 1048576'   # KIND:ARGS adds arguments
+//! cargo bench --bench load -- restart --target beanstalkd-b --stops kill,term
+//! cargo bench --bench load -- cycle --target delayq-redis
 //! cargo bench --bench load -- cycle --addr 127.0.0.1:11300 [--pid PID] [--redis URL]
 //! cargo bench --bench load -- ceiling            # what Redis itself allows
 //! ```
+//!
+//! Servers (`--target`, `--targets`), each started afresh, on a fresh
+//! temporary data directory where it keeps one: `beanstalkd` (no binlog),
+//! `beanstalkd-b` (`-b DIR`, synced at most every 50 ms, its default),
+//! `beanstalkd-b-f0` (`-b DIR -f 0`), `delayq-memory` (`--in-memory`),
+//! `delayq-durable` (`-b DIR`, delayq's default: synced before every
+//! reply), `delayq-f50` (`-b DIR -f 50`) and `delayq-redis` (on a private
+//! redis-server). `KIND:ARGS` adds arguments to one's command line.
 //!
 //! Workloads (see `--help` for their knobs):
 //! * `cycle`: C connections each looping put, reserve, delete of a 100-byte job.
@@ -19,12 +32,17 @@
 //!   memory per job. `idle` fills the same backlog, then watches the server
 //!   (and its Redis) do nothing for 10 s.
 //! * `conns`: 10k connections blocked in reserve-with-timeout, then 1k jobs.
+//! * `restart`: the backlog, then a stop (SIGKILL, SIGTERM: `--stops`) and
+//!   the time from spawning a new process until it answers and its `stats`
+//!   count every job; its memory against the old one's.
+//! * `disk`: bytes on disk per live job; what put/delete cycles leave.
 //!
-//! `compare` starts each server afresh for every run (beanstalkd, delayq on
-//! the embedded engine, delayq on a private redis-server), runs each
-//! workload on them in turn, round after round, and prints the medians and
-//! their ratios to beanstalkd's. Servers run with their defaults and no
-//! persistence: beanstalkd without a binlog, Redis without RDB or AOF.
+//! `compare` starts each server afresh for every run, runs each workload on
+//! them in turn, round after round, and prints the medians and their ratios
+//! to the baseline's (`--baseline`, by default the first beanstalkd
+//! listed). A workload a server cannot run (`restart` on a server that
+//! keeps nothing, `disk` on one without a directory) is left out for it.
+//! Redis runs without RDB or AOF.
 
 mod ceiling;
 mod client;
@@ -42,7 +60,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use procs::{Kind, Probe, Programs, Target};
+use procs::{Probe, Programs, Spec, Target};
 use report::{Report, fmt, median};
 use workloads::Opts;
 
@@ -80,9 +98,10 @@ struct Cli {
     /// With --addr: the Redis behind the server, for its INFO.
     #[arg(long)]
     redis: Option<String>,
-    /// Without --addr: the server to start for one workload.
-    #[arg(long, value_enum, default_value = "embedded")]
-    target: Kind,
+    /// Without --addr: the server to start for one workload (`KIND` or
+    /// `KIND:ARGS`).
+    #[arg(long, default_value = "delayq-durable")]
+    target: Spec,
     /// compare: rounds (each runs every server once per workload).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -94,14 +113,17 @@ struct Cli {
         default_value = "cycle,pipeline,lateness,idle,conns"
     )]
     workloads: Vec<What>,
-    /// compare: the servers.
+    /// compare: the servers, side by side (`KIND` or `KIND:ARGS`).
     #[arg(
         long,
-        value_enum,
         value_delimiter = ',',
-        default_value = "beanstalkd,embedded,redis"
+        default_value = "beanstalkd,beanstalkd-b,delayq-memory,delayq-durable,delayq-redis"
     )]
-    targets: Vec<Kind>,
+    targets: Vec<Spec>,
+    /// compare: the server the ratios are to (one of --targets; default:
+    /// the first beanstalkd listed, else the first).
+    #[arg(long)]
+    baseline: Option<Spec>,
     /// compare: also measure the Redis ceiling.
     #[arg(long)]
     ceiling: bool,
@@ -163,7 +185,13 @@ async fn main_async(cli: Cli) -> io::Result<()> {
                     run(what, addr, &probe, &cli.opts).await?
                 }
                 None => {
-                    let mut target = Target::start(cli.target, &programs);
+                    if !fits(what, &cli.target) {
+                        return Err(io::Error::other(format!(
+                            "{what:?} cannot run on {}",
+                            cli.target.label()
+                        )));
+                    }
+                    let mut target = Target::start(&cli.target, &programs);
                     run_on(what, &mut target, &programs, &cli.opts).await?
                 }
             };
@@ -220,7 +248,23 @@ async fn run_on(
     }
 }
 
+/// Whether `what` can run on the server `spec` starts.
+fn fits(what: What, spec: &Spec) -> bool {
+    match what {
+        What::Restart => spec.kind.keeps_jobs(),
+        What::Disk => spec.kind.keeps_a_dir(),
+        _ => true,
+    }
+}
+
 async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
+    let base = match &cli.baseline {
+        Some(b) => Some(cli.targets.iter().position(|t| t == b).ok_or_else(|| {
+            io::Error::other(format!("the baseline {} is not among --targets", b.label()))
+        })?),
+        None => cli.targets.iter().position(|t| t.kind.is_beanstalkd()),
+    }
+    .unwrap_or(0);
     print_machine(programs);
     if cli.ceiling {
         println!("\n### Redis ceiling (redis-benchmark, 50 connections)\n");
@@ -231,11 +275,14 @@ async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
         }
     }
     for &what in &cli.workloads {
-        let mut runs: Vec<(Kind, Vec<Report>)> =
-            cli.targets.iter().map(|&k| (k, Vec::new())).collect();
+        let mut runs: Vec<(&Spec, Vec<Report>)> =
+            cli.targets.iter().map(|s| (s, Vec::new())).collect();
         for round in 1..=cli.rounds {
-            for (kind, reports) in &mut runs {
-                let mut target = Target::start(*kind, programs);
+            for (spec, reports) in &mut runs {
+                if !fits(what, spec) {
+                    continue;
+                }
+                let mut target = Target::start(spec, programs);
                 let report = run_on(what, &mut target, programs, &cli.opts).await?;
                 drop(target);
                 let summary: Vec<String> = report
@@ -245,19 +292,20 @@ async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
                     .collect();
                 eprintln!(
                     "{what:?} round {round} {}: {}",
-                    kind.name(),
+                    spec.label(),
                     summary.join(", ")
                 );
                 reports.push(report);
             }
         }
-        print_table(what, &runs);
+        print_table(what, &runs, base, cli.rounds);
     }
     Ok(())
 }
 
-/// One workload's medians, and their ratios to beanstalkd's.
-fn print_table(what: What, runs: &[(Kind, Vec<Report>)]) {
+/// One workload's medians, and their ratios to the baseline's (`base`, an
+/// index into `runs`). Servers that did not run it have no column.
+fn print_table(what: What, runs: &[(&Spec, Vec<Report>)], base: usize, rounds: usize) {
     let mut names: Vec<(String, &str)> = Vec::new();
     for (_, reports) in runs {
         for f in reports.iter().flat_map(|r| &r.0) {
@@ -266,28 +314,19 @@ fn print_table(what: What, runs: &[(Kind, Vec<Report>)]) {
             }
         }
     }
-    // Ratios are to the first beanstalkd of the run.
-    let base = runs.iter().position(|(k, _)| {
-        matches!(
-            k,
-            Kind::Beanstalkd | Kind::BeanstalkdB | Kind::BeanstalkdBF0
-        )
-    });
-    let others: Vec<usize> = (0..runs.len()).filter(|&i| Some(i) != base).collect();
-    println!("\n### {what:?} (median of {} runs)\n", runs[0].1.len());
+    let ran: Vec<usize> = (0..runs.len()).filter(|&i| !runs[i].1.is_empty()).collect();
+    let base = ran.contains(&base).then_some(base);
+    let others: Vec<usize> = ran.iter().copied().filter(|&i| Some(i) != base).collect();
+    println!("\n### {what:?} (median of {rounds} runs)\n");
     let mut head = String::from("| figure | unit |");
     let mut rule = String::from("| --- | --- |");
-    for (k, _) in runs {
-        head += &format!(" {} |", k.name());
+    for &i in &ran {
+        head += &format!(" {} |", runs[i].0.label());
         rule += " ---: |";
     }
-    if base.is_some() {
+    if let Some(b) = base {
         for &i in &others {
-            head += &format!(
-                " {} ÷ {} |",
-                runs[i].0.name(),
-                runs[base.unwrap_or(0)].0.name()
-            );
+            head += &format!(" {} ÷ {} |", runs[i].0.label(), runs[b].0.label());
             rule += " ---: |";
         }
     }
@@ -301,8 +340,8 @@ fn print_table(what: What, runs: &[(Kind, Vec<Report>)]) {
             })
             .collect();
         let mut row = format!("| {name} | {unit} |");
-        for m in &medians {
-            row += &format!(" {} |", fmt(*m));
+        for &i in &ran {
+            row += &format!(" {} |", fmt(medians[i]));
         }
         if let Some(b) = base {
             for &i in &others {

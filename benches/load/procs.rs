@@ -24,27 +24,31 @@ pub enum Kind {
     #[value(name = "beanstalkd-b-f0")]
     BeanstalkdBF0,
     /// delayq's embedded engine in memory only (`--in-memory`).
-    Embedded,
-    /// delayq's durable embedded engine as it starts by default: synced
-    /// before every reply.
+    #[value(name = "delayq-memory", alias = "embedded", alias = "memory")]
+    Memory,
+    /// delayq's durable embedded engine as it starts by default (on a
+    /// scratch `-b DIR`): synced before every reply.
+    #[value(name = "delayq-durable", alias = "durable")]
     Durable,
     /// The durable engine with `-f 50`: synced at most every 50 ms.
-    #[value(name = "durable-f50")]
+    #[value(name = "delayq-f50", alias = "durable-f50")]
     DurableF50,
     /// delayq on a private Redis.
+    #[value(name = "delayq-redis", alias = "redis")]
     Redis,
 }
 
 impl Kind {
+    /// Its name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Kind::Beanstalkd => "beanstalkd",
-            Kind::BeanstalkdB => "beanstalkd -b",
-            Kind::BeanstalkdBF0 => "beanstalkd -b -f0",
-            Kind::Embedded => "memory",
-            Kind::Durable => "durable",
-            Kind::DurableF50 => "durable -f50",
-            Kind::Redis => "redis",
+            Kind::BeanstalkdB => "beanstalkd-b",
+            Kind::BeanstalkdBF0 => "beanstalkd-b-f0",
+            Kind::Memory => "delayq-memory",
+            Kind::Durable => "delayq-durable",
+            Kind::DurableF50 => "delayq-f50",
+            Kind::Redis => "delayq-redis",
         }
     }
 
@@ -54,6 +58,55 @@ impl Kind {
             self,
             Kind::BeanstalkdB | Kind::BeanstalkdBF0 | Kind::Durable | Kind::DurableF50
         )
+    }
+
+    /// Whether its jobs outlive its process (a data directory or a Redis).
+    pub fn keeps_jobs(self) -> bool {
+        self.keeps_a_dir() || self == Kind::Redis
+    }
+
+    pub fn is_beanstalkd(self) -> bool {
+        matches!(
+            self,
+            Kind::Beanstalkd | Kind::BeanstalkdB | Kind::BeanstalkdBF0
+        )
+    }
+}
+
+/// A server to start: a [`Kind`], and arguments added to its command line.
+/// Written `KIND` or `KIND:ARGS`, the arguments split at spaces (as in
+/// `delayq-durable:-s 1048576`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    pub kind: Kind,
+    pub args: Vec<String>,
+}
+
+impl Spec {
+    /// How tables name it: the kind, and its added arguments.
+    pub fn label(&self) -> String {
+        if self.args.is_empty() {
+            self.kind.name().into()
+        } else {
+            format!("{} {}", self.kind.name(), self.args.join(" "))
+        }
+    }
+}
+
+impl std::str::FromStr for Spec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Spec, String> {
+        use clap::ValueEnum;
+        let (name, args) = s.split_once(':').unwrap_or((s, ""));
+        let kind = Kind::from_str(name.trim(), true).map_err(|_| {
+            let names: Vec<&str> = Kind::value_variants().iter().map(|k| k.name()).collect();
+            format!("unknown server {name:?}; one of {}", names.join(", "))
+        })?;
+        Ok(Spec {
+            kind,
+            args: args.split_whitespace().map(String::from).collect(),
+        })
     }
 }
 
@@ -90,10 +143,50 @@ impl Proc {
         self.0.id()
     }
 
-    /// SIGKILL, and reaped.
-    pub fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    /// Sends `signal` and waits until the process is gone, SIGKILLing it
+    /// if it is still there after a minute; returns how long it took.
+    pub fn stop(&mut self, signal: Stop) -> Duration {
+        let start = Instant::now();
+        let pid = libc::pid_t::try_from(self.pid()).expect("a pid");
+        // SAFETY: kill only sends a signal, to our own unreaped child.
+        unsafe { libc::kill(pid, signal.number()) };
+        let until = start + Duration::from_secs(60);
+        while matches!(self.0.try_wait(), Ok(None)) {
+            if Instant::now() >= until {
+                eprintln!("load: pid {pid} ignored {signal:?} for a minute; SIGKILL");
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        start.elapsed()
+    }
+}
+
+/// How a server is stopped before a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stop {
+    /// SIGTERM: a clean stop (delayq shuts down gracefully; beanstalkd,
+    /// unless it is PID 1, just dies).
+    Term,
+    /// SIGKILL: a crash.
+    Kill,
+}
+
+impl Stop {
+    fn number(self) -> libc::c_int {
+        match self {
+            Stop::Term => libc::SIGTERM,
+            Stop::Kill => libc::SIGKILL,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stop::Term => "SIGTERM",
+            Stop::Kill => "SIGKILL",
+        }
     }
 }
 
@@ -159,85 +252,89 @@ pub struct Target {
     pub server: Proc,
     /// The Redis behind delayq on the Redis engine.
     pub redis: Option<RedisServer>,
-    /// The data directory, for the servers that keep one.
+    /// The data directory (a fresh temporary one), for the servers that
+    /// keep one.
     pub dir: Option<tempfile::TempDir>,
-    pub kind: Kind,
+    pub spec: Spec,
 }
 
 impl Target {
-    pub fn start(kind: Kind, programs: &Programs) -> Target {
-        let dir = kind
+    /// Starts the server `spec` says, on fresh data, and waits until it
+    /// accepts connections.
+    pub fn start(spec: &Spec, programs: &Programs) -> Target {
+        let dir = spec
+            .kind
             .keeps_a_dir()
             .then(|| tempfile::tempdir().expect("a data directory"));
-        let (addr, server, redis) = Target::spawn(kind, programs, dir.as_ref());
+        let redis = (spec.kind == Kind::Redis).then(|| RedisServer::start(&programs.redis_server));
+        let (addr, server) = spawn(spec, programs, dir.as_ref(), redis.as_ref());
         wait_listening(addr);
         Target {
             addr,
             server,
             redis,
             dir,
-            kind,
+            spec: spec.clone(),
         }
     }
 
-    /// SIGKILLs the server and starts it again on its data directory (or
-    /// its Redis), on a new port; returns once the new one accepts.
-    pub fn kill_and_restart(&mut self, programs: &Programs) {
-        self.server.kill();
-        let (addr, server, _) =
-            Target::spawn_on(self.kind, programs, self.dir.as_ref(), self.redis.as_ref());
-        wait_listening(addr);
+    /// Stops the server with `signal` and returns how long it took to go.
+    pub fn stop(&mut self, signal: Stop) -> Duration {
+        self.server.stop(signal)
+    }
+
+    /// Starts the server again on its data directory (or its Redis), on a
+    /// new port, without waiting for it: the caller times its start.
+    pub fn respawn(&mut self, programs: &Programs) {
+        let (addr, server) = spawn(&self.spec, programs, self.dir.as_ref(), self.redis.as_ref());
         self.addr = addr;
         self.server = server;
     }
+}
 
-    fn spawn(
-        kind: Kind,
-        programs: &Programs,
-        dir: Option<&tempfile::TempDir>,
-    ) -> (SocketAddr, Proc, Option<RedisServer>) {
-        let redis = (kind == Kind::Redis).then(|| RedisServer::start(&programs.redis_server));
-        let (addr, server, _) = Target::spawn_on(kind, programs, dir, redis.as_ref());
-        (addr, server, redis)
-    }
-
-    fn spawn_on(
-        kind: Kind,
-        programs: &Programs,
-        dir: Option<&tempfile::TempDir>,
-        redis: Option<&RedisServer>,
-    ) -> (SocketAddr, Proc, ()) {
-        let port = free_port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let port = port.to_string();
-        let dir = dir.map(|d| d.path().to_str().expect("a UTF-8 path").to_string());
-        let dir = dir.as_deref().unwrap_or_default();
-        let listen = ["-l", "127.0.0.1", "-p", &port];
-        let delayq = |extra: &[&str]| {
-            Proc::spawn(
-                Command::new(&programs.delayq)
-                    .args(listen)
-                    .args(extra)
-                    .env("RUST_LOG", "warn"),
-            )
-        };
-        let beanstalkd = |extra: &[&str]| {
-            Proc::spawn(Command::new(&programs.beanstalkd).args(listen).args(extra))
-        };
-        let server = match kind {
-            Kind::Beanstalkd => beanstalkd(&[]),
-            Kind::BeanstalkdB => beanstalkd(&["-b", dir]),
-            Kind::BeanstalkdBF0 => beanstalkd(&["-b", dir, "-f", "0"]),
-            Kind::Embedded => delayq(&["--in-memory"]),
-            Kind::Durable => delayq(&["-b", dir]),
-            Kind::DurableF50 => delayq(&["-b", dir, "-f", "50"]),
-            Kind::Redis => {
-                let url = redis.expect("a Redis for the Redis engine").url();
-                delayq(&["--redis", &url])
-            }
-        };
-        (addr, server, ())
-    }
+/// Starts the server of `spec` on a free loopback port.
+fn spawn(
+    spec: &Spec,
+    programs: &Programs,
+    dir: Option<&tempfile::TempDir>,
+    redis: Option<&RedisServer>,
+) -> (SocketAddr, Proc) {
+    let port = free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let port = port.to_string();
+    let dir = dir.map(|d| d.path().to_str().expect("a UTF-8 path").to_string());
+    let dir = dir.as_deref().unwrap_or_default();
+    let listen = ["-l", "127.0.0.1", "-p", &port];
+    let delayq = |extra: &[&str]| {
+        Proc::spawn(
+            Command::new(&programs.delayq)
+                .args(listen)
+                .args(extra)
+                .args(&spec.args)
+                .env("RUST_LOG", "warn"),
+        )
+    };
+    let beanstalkd = |extra: &[&str]| {
+        Proc::spawn(
+            Command::new(&programs.beanstalkd)
+                .args(listen)
+                .args(extra)
+                .args(&spec.args),
+        )
+    };
+    let server = match spec.kind {
+        Kind::Beanstalkd => beanstalkd(&[]),
+        Kind::BeanstalkdB => beanstalkd(&["-b", dir]),
+        Kind::BeanstalkdBF0 => beanstalkd(&["-b", dir, "-f", "0"]),
+        Kind::Memory => delayq(&["--in-memory"]),
+        Kind::Durable => delayq(&["-b", dir]),
+        Kind::DurableF50 => delayq(&["-b", dir, "-f", "50"]),
+        Kind::Redis => {
+            let url = redis.expect("a Redis for the Redis engine").url();
+            delayq(&["--redis", &url])
+        }
+    };
+    (addr, server)
 }
 
 impl Target {
@@ -271,16 +368,19 @@ fn status_field(pid: u32, task: Option<&str>, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// Bytes the files of `dir` take: allocated on disk (as `du` counts), and
-/// their lengths.
+/// Bytes the files under `dir` take, as `du` counts them (blocks
+/// allocated) and as `du --apparent-size` does (their lengths).
 pub fn dir_size(dir: &std::path::Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
     let mut sizes = (0, 0);
-    for entry in std::fs::read_dir(dir)
-        .expect("read a data directory")
-        .flatten()
-    {
-        if let Ok(m) = entry.metadata() {
+    // A file may go (compaction) between the listing and its metadata.
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(m) = entry.metadata() else { continue };
+        if m.is_dir() {
+            let (allocated, lengths) = dir_size(&entry.path());
+            sizes.0 += allocated;
+            sizes.1 += lengths;
+        } else {
             sizes.0 += m.blocks() * 512;
             sizes.1 += m.len();
         }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Conn;
 use redis::aio::MultiplexedConnection;
 
-use crate::procs::{Info, Probe, cpu, redis_conn, rss, switches};
+use crate::procs::{Info, Probe, Stop, cpu, redis_conn, rss, switches};
 use crate::report::{Report, histogram, micros};
 
 /// The knobs of every workload; the defaults are the issue's.
@@ -67,6 +67,10 @@ pub struct Opts {
     /// backlog, restart: delayed jobs.
     #[arg(long, default_value_t = 1_000_000)]
     pub backlog: usize,
+    /// restart: how the server is stopped, in turn, on the same data (the
+    /// first after the backlog, each next one after the previous restart).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "kill,term")]
+    pub stops: Vec<Stop>,
     /// backlog: connections writing the puts.
     #[arg(long, default_value_t = 4)]
     pub backlog_conns: usize,
@@ -123,6 +127,8 @@ async fn join<T: 'static>(mut tasks: JoinSet<io::Result<T>>) -> io::Result<Vec<T
 
 /// `cycle`: connections each looping put, reserve, delete of one job.
 pub async fn cycle(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
+    let mut watch = Conn::connect(addr).await?;
+    let log_before = log_figures(&mut watch).await?;
     let from = Instant::now() + secs(o.warmup);
     let until = from + secs(o.secs);
     let body: Arc<[u8]> = vec![b'x'; o.body].into();
@@ -131,7 +137,7 @@ pub async fn cycle(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
         let body = body.clone();
         tasks.spawn(async move {
             let mut c = Conn::connect(addr).await?;
-            let mut h = [histogram(), histogram(), histogram()];
+            let mut h = [histogram(), histogram(), histogram(), histogram()];
             let mut cycles = 0u64;
             loop {
                 let t0 = Instant::now();
@@ -153,25 +159,69 @@ pub async fn cycle(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
                     h[0].saturating_record(micros(t1 - t0));
                     h[1].saturating_record(micros(t2 - t1));
                     h[2].saturating_record(micros(t3 - t2));
+                    h[3].saturating_record(micros(t3 - t0));
                 }
             }
             Ok((cycles, h))
         });
     }
     let mut cycles = 0;
-    let mut h = [histogram(), histogram(), histogram()];
+    let mut h = [histogram(), histogram(), histogram(), histogram()];
     for (n, hs) in join(tasks).await? {
         cycles += n;
         for (sum, one) in h.iter_mut().zip(&hs) {
             sum.add(one).expect("same bounds");
         }
     }
+    let log_after = log_figures(&mut watch).await?;
     let mut report = Report::default();
     report.add("cycles/s", "/s", cycles as f64 / o.secs);
-    for (name, h) in ["put", "reserve", "delete"].iter().zip(&h) {
+    if let (Some(before), Some(after)) = (log_before, log_after) {
+        // Over the whole run, warm-up included: whether the log moved on
+        // to new files and compacted (dropped old ones) while measured.
+        report.add("binlog files begun", "files", (after[0] - before[0]) as f64);
+        report.add(
+            "binlog files dropped",
+            "files",
+            (after[1] - before[1]) as f64,
+        );
+        report.add(
+            "binlog records migrated",
+            "records",
+            (after[2] - before[2]) as f64,
+        );
+    }
+    // The whole cycle first: the figure the p99 targets are about.
+    let [put, reserve, delete, whole] = &h;
+    for (name, h) in [
+        ("cycle", whole),
+        ("put", put),
+        ("reserve", reserve),
+        ("delete", delete),
+    ] {
         report.latency(name, h);
     }
     Ok(report)
+}
+
+/// The log's `binlog-current-index`, `binlog-oldest-index` and
+/// `binlog-records-migrated` from `stats`, for a server that keeps a log.
+async fn log_figures(c: &mut Conn) -> io::Result<Option<[u64; 3]>> {
+    c.queue(format_args!("stats"));
+    let stats = c.round_trip().await?;
+    let field = |k| stats.field(k);
+    Ok(
+        match (
+            field("binlog-current-index"),
+            field("binlog-oldest-index"),
+            field("binlog-records-migrated"),
+        ) {
+            (Some(current), Some(oldest), Some(migrated)) if current > 0 => {
+                Some([current, oldest, migrated])
+            }
+            _ => None,
+        },
+    )
 }
 
 /// `pipeline`: producers writing puts in batches, consumers reserving and
