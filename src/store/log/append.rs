@@ -13,7 +13,7 @@ use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use super::files::{HEADER, Kind, header};
-use super::record::{DELETE_LEN, encode, encoded_len};
+use super::record::{DELETE_LEN, encode, encoded_len, weight};
 use super::writer::{Buf, Chunk, Shared};
 use crate::error::{StoreError, StoreResult};
 use crate::store::memory::journal::{JobImage, Journal, Record, Written};
@@ -130,9 +130,9 @@ impl<'a> Appender<'a> {
         encode(&mut chunk.bytes, seq, stamp, record);
         b.used += len;
         b.appended += len;
-        if class == Class::Put {
+        if let (Class::Put, Record::Job(job)) = (class, record) {
             b.live_jobs += 1;
-            b.live_bytes += len;
+            b.live_bytes += weight(job) as u64;
             if b.spares.len() < spares_needed(b, size) {
                 shared.chores.notify_one();
             }
@@ -162,9 +162,7 @@ impl Journal for Appender<'_> {
         {
             let b = &mut *self.buf;
             b.live_jobs = b.live_jobs.saturating_sub(1);
-            b.live_bytes = b
-                .live_bytes
-                .saturating_sub(encoded_len(&Record::Job(*job)) as u64);
+            b.live_bytes = b.live_bytes.saturating_sub(weight(job) as u64);
         }
     }
 }

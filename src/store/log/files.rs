@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 
 /// Bytes of a file header.
 pub const HEADER: u64 = 32;
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes and reads (2: varint fields in
+/// records; version 1 was never released).
+pub const VERSION: u32 = 2;
 
 const LOG_MAGIC: &[u8; 8] = b"DELAYQLG";
 const SNAPSHOT_MAGIC: &[u8; 8] = b"DELAYQSN";
@@ -209,11 +210,11 @@ mod tests {
                 .contains("magic")
         );
         let mut newer = h;
-        newer[8] = 2;
+        newer[8] = 3;
         assert!(
             read_header(Kind::Log, &newer)
                 .unwrap_err()
-                .contains("version 2")
+                .contains("version 3")
         );
         assert!(read_header(Kind::Log, &h[..10]).is_err());
     }

@@ -159,7 +159,10 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     while let Some(at) = from {
         from = state.dump(at, usize::MAX, &mut |r| {
             live_jobs += 1;
-            live_bytes += record::encoded_len(&r) as u64;
+            live_bytes += match &r {
+                Record::Job(job) => record::weight(job),
+                other => record::encoded_len(other),
+            } as u64;
         });
     }
     let mut files = got.files;
