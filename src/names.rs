@@ -77,6 +77,14 @@ impl Tube {
     }
 }
 
+// A tube hashes and compares as its name, so maps keyed by tubes can be
+// searched with a name read off the disk.
+impl std::borrow::Borrow<str> for Tube {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for Tube {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -73,8 +73,14 @@ impl State {
     }
 
     fn apply_job(&mut self, image: &JobImage<'_>) -> Applied {
-        let Some(tube) = Tube::parse(image.tube.as_bytes()) else {
-            return Applied::Invalid;
+        // The tube's name is shared by its jobs, not kept once a job: a
+        // million jobs would otherwise hold a million copies of it.
+        let tube = match self.tubes.get_key_value(image.tube) {
+            Some((tube, _)) => tube.clone(),
+            None => match Tube::parse(image.tube.as_bytes()) {
+                Some(tube) => tube,
+                None => return Applied::Invalid,
+            },
         };
         let name: Option<Arc<str>> = match image.name {
             Some(name) => match crate::names::client_id(name.as_bytes()) {
