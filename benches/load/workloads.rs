@@ -26,6 +26,11 @@ pub struct Opts {
     /// cycle: connections, each looping put, reserve, delete.
     #[arg(long, default_value_t = 50)]
     pub conns: usize,
+    /// cycle: delayed jobs put (pipelined, due in an hour or two) before
+    /// the cycles begin, so that a log compacting during them has that
+    /// many live jobs to copy.
+    #[arg(long, default_value_t = 0)]
+    pub prefill: usize,
     /// cycle, pipeline: seconds measured (after the warm-up).
     #[arg(long, default_value_t = 10.0)]
     pub secs: f64,
@@ -127,6 +132,13 @@ async fn join<T: 'static>(mut tasks: JoinSet<io::Result<T>>) -> io::Result<Vec<T
 
 /// `cycle`: connections each looping put, reserve, delete of one job.
 pub async fn cycle(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
+    if o.prefill > 0 {
+        let fill = Opts {
+            backlog: o.prefill,
+            ..o.clone()
+        };
+        backlog(addr, &fill, &Probe::default()).await?;
+    }
     let mut watch = Conn::connect(addr).await?;
     let log_before = log_figures(&mut watch).await?;
     let from = Instant::now() + secs(o.warmup);

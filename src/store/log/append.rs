@@ -128,6 +128,7 @@ impl<'a> Appender<'a> {
         let stamp = shared.synced.load(Ordering::Acquire);
         let chunk = b.chunks.last_mut().expect("a chunk for this file");
         encode(&mut chunk.bytes, seq, stamp, record);
+        b.pending += 1;
         b.used += len;
         b.appended += len;
         if let (Class::Put, Record::Job(job)) = (class, record) {
@@ -175,8 +176,11 @@ impl Written for Appender<'_> {
 
 impl Drop for Appender<'_> {
     fn drop(&mut self) {
-        if self.wrote && self.buf.writer_idle {
-            self.buf.writer_idle = false;
+        let b = &mut *self.buf;
+        let gathered = b.gather_for > 0 && b.pending >= b.gather_for;
+        if self.wrote && (b.writer_idle || gathered) {
+            b.writer_idle = false;
+            b.gather_for = 0;
             self.shared.wake.notify_one();
         }
     }

@@ -95,6 +95,11 @@ pub struct Buf {
     pub failed: Option<Arc<str>>,
     /// The writer sleeps until woken: a transition that appends wakes it.
     pub(super) writer_idle: bool,
+    /// Records appended since the last write began.
+    pub(super) pending: u64,
+    /// While the writer lets a group gather: the records it waits for (a
+    /// transition that brings the pending ones to this many wakes it).
+    pub(super) gather_for: u64,
     /// The server is stopping: write what is left, sync, stop.
     pub stopping: bool,
 }
@@ -159,6 +164,8 @@ impl Shared {
                 compact: false,
                 failed: None,
                 writer_idle: false,
+                pending: 0,
+                gather_for: 0,
                 stopping: false,
             }),
             wake: Condvar::new(),
@@ -190,6 +197,7 @@ impl Shared {
                 b.chunks.clear();
                 return false;
             }
+            b.pending = 0;
             (std::mem::take(&mut b.chunks), b.next_seq - 1)
         };
         if chunks.is_empty() {
@@ -258,11 +266,13 @@ impl Shared {
 /// publishes how far it got; stops once told to and everything is synced.
 pub fn run(shared: Arc<Shared>) {
     let mut last_sync = Instant::now();
-    // How long to let the next group gather after a sync (see `gather_time`).
+    // How long to let the next group gather after a sync (see `gather_time`),
+    // and how many records were in the last group.
     let mut gather = Duration::ZERO;
+    let mut last_group = 0;
     loop {
         if !gather.is_zero() {
-            std::thread::sleep(gather);
+            gather_group(&shared, gather, last_group);
         }
         let unsynced = |shared: &Shared| {
             let m = shared.marks.borrow();
@@ -324,12 +334,35 @@ pub fn run(shared: Arc<Shared>) {
                 continue;
             };
             gather = gather_time(records, took);
+            last_group = records;
             last_sync = Instant::now();
         }
         if stopping && !unsynced(&shared) && shared.lock().chunks.is_empty() {
             return;
         }
     }
+}
+
+/// Lets the next group gather for at most `most`, or until as many records
+/// as the last group had are pending: the connections the last sync
+/// released each bring about one record back, and once they have, waiting
+/// longer only adds to everyone's latency.
+fn gather_group(shared: &Shared, most: Duration, last_group: u64) {
+    let until = Instant::now() + most;
+    let mut b = shared.lock();
+    b.gather_for = last_group.max(1);
+    while b.pending < b.gather_for && !b.stopping {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        b = shared
+            .wake
+            .wait_timeout(b, until - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+    b.gather_for = 0;
 }
 
 /// How long the next group may gather after a sync of `records` that took
