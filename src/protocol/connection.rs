@@ -22,12 +22,23 @@ use super::command::Command;
 use super::reply::{Reply, Response};
 use super::session::{Outcome, Session, Shared};
 use crate::names::Tube;
-use crate::store::{ConnId, Store};
+use crate::store::{ConnId, Store, held};
 
 type Wire = Framed<TcpStream, Codec>;
 
 /// Serves one accepted connection to its end.
 pub async fn serve<S: Store>(
+    socket: TcpStream,
+    conn: ConnId,
+    shared: Arc<Shared<S>>,
+    shutdown: CancellationToken,
+) {
+    held::scope(serve_held(socket, conn, shared, shutdown)).await;
+}
+
+/// [`serve`], inside the scope where a pipelining client's changes are
+/// waited for together (`store::held`).
+async fn serve_held<S: Store>(
     socket: TcpStream,
     conn: ConnId,
     shared: Arc<Shared<S>>,
@@ -54,6 +65,9 @@ pub async fn serve<S: Store>(
                 None => break,
             },
         };
+        // A client whose next command is already here is pipelining: its
+        // changes need not each wait for the disk before the next runs.
+        held::pipelining(ahead.is_some() || !wire.read_buffer().is_empty());
         let next = if is_put(&request) {
             let (puts, next) = more_puts(&mut wire, request);
             if !answer_puts(&mut wire, &mut session, puts).await {
@@ -73,7 +87,9 @@ pub async fn serve<S: Store>(
         }
     }
     // Whatever was answered before a quit or hang-up still goes out.
-    let _ = wire.flush().await;
+    flush_safe(&mut wire).await;
+    // Nothing answers what closing changes: let it wait as usual.
+    held::pipelining(false);
     Box::pin(session.close()).await;
     debug!(conn, ?peer, "connection closed");
 }
@@ -95,7 +111,7 @@ async fn answer<S: Store>(
         Outcome::Reply(reply) => reply,
         Outcome::Quit => return false,
         Outcome::Wait { tubes, timeout } => {
-            if wire.flush().await.is_err() {
+            if !flush_safe(wire).await {
                 return false;
             }
             shrink_when_idle(wire);
@@ -105,12 +121,38 @@ async fn answer<S: Store>(
             }
         }
     };
-    wire.feed(Response {
-        mode: request.mode,
-        reply,
-    })
+    feed_safe(
+        wire,
+        Response {
+            mode: request.mode,
+            reply,
+        },
+    )
     .await
-    .is_ok()
+}
+
+/// Sends the queued replies once every change they answer is safe; false
+/// when the connection must end. If a held change could not be made safe
+/// (the log failed), no queued reply goes out: some of them would
+/// acknowledge what may be lost, and the client is told by the hang-up.
+async fn flush_safe(wire: &mut Wire) -> bool {
+    if let Err(e) = held::until_safe().await {
+        tracing::warn!(error = %e, "a pipelined change could not be made safe; closing the connection unanswered");
+        wire.write_buffer_mut().clear();
+        return false;
+    }
+    wire.flush().await.is_ok()
+}
+
+/// Queues a reply; sends what is queued first if the queue is full (once
+/// it is safe to). False when the connection must end.
+async fn feed_safe(wire: &mut Wire, response: Response) -> bool {
+    // Framed writes its buffer out once it reaches the boundary, before
+    // taking another reply: that write must wait for the held changes too.
+    if wire.write_buffer().len() >= wire.backpressure_boundary() && !flush_safe(wire).await {
+        return false;
+    }
+    wire.feed(response).await.is_ok()
 }
 
 /// Most pipelined puts taken together.
@@ -159,7 +201,7 @@ async fn answer_puts<S: Store>(
         .collect();
     let replies = session.handle_puts(commands).await;
     for (mode, reply) in modes.into_iter().zip(replies) {
-        if wire.feed(Response { mode, reply }).await.is_err() {
+        if !feed_safe(wire, Response { mode, reply }).await {
             return false;
         }
     }
@@ -173,7 +215,9 @@ async fn next_request(wire: &mut Wire, shutdown: &CancellationToken) -> Option<R
     let polled = match wire.next().now_or_never() {
         Some(polled) => polled,
         None => {
-            wire.flush().await.ok()?;
+            if !flush_safe(wire).await {
+                return None;
+            }
             shrink_when_idle(wire);
             tokio::select! {
                 polled = wire.next() => polled,

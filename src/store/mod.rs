@@ -17,6 +17,7 @@ use crate::error::StoreResult;
 use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
 
+pub mod held;
 pub mod log;
 pub mod memory;
 pub mod redis;

@@ -11,6 +11,7 @@ mod common;
 
 mod damage;
 mod disk;
+mod order;
 mod restart;
 
 use std::path::{Path, PathBuf};

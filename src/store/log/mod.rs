@@ -38,6 +38,7 @@ pub use writer::SyncPolicy;
 use crate::clock::Clock;
 use crate::error::{StoreError, StoreResult};
 use crate::job::LogStats;
+use crate::store::held;
 use crate::store::memory::journal::{Log, Record};
 use crate::store::memory::{MemoryStore, State};
 use append::Appender;
@@ -304,6 +305,50 @@ async fn relay_marks(
     }
 }
 
+/// Whether the change up to record `upto` is as safe as the policy asks.
+fn reached(shared: &Shared, m: &Marks, upto: u64) -> bool {
+    match shared.policy {
+        SyncPolicy::Always => m.synced >= upto,
+        SyncPolicy::Every(_) | SyncPolicy::Never => m.written >= upto,
+    }
+}
+
+/// Waits until the records up to `upto` are safe, or the log has failed.
+async fn wait_safe(
+    shared: Arc<Shared>,
+    public: Arc<watch::Sender<Marks>>,
+    upto: u64,
+) -> StoreResult<()> {
+    if !matches!(shared.policy, SyncPolicy::Always) {
+        // With -f or -F a change is safe once the kernel has it: write
+        // it from here rather than wait for the writer thread to wake
+        // (a pwrite into the page cache, in order under the file's
+        // lock, with whatever else has gathered). Every other task
+        // ready to run goes first, so that the changes they make join
+        // this write: one pwrite for a whole pass of the runtime's
+        // queue instead of one per change.
+        tokio::task::yield_now().await;
+        if reached(&shared, &shared.marks.borrow(), upto) {
+            return Ok(());
+        }
+        shared.flush();
+        if reached(&shared, &shared.marks.borrow(), upto) {
+            return Ok(());
+        }
+    }
+    let mut marks = public.subscribe();
+    let m = marks
+        .wait_for(|m| reached(&shared, m, upto) || m.failed.is_some())
+        .await
+        .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?;
+    match &m.failed {
+        Some(why) if !reached(&shared, &m, upto) => Err(StoreError::Unavailable(format!(
+            "the change could not be made safe: {why}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl Log for Wal {
     type Journal<'a> = Appender<'a>;
 
@@ -312,45 +357,17 @@ impl Log for Wal {
     }
 
     async fn settle(&self, upto: u64) -> StoreResult<()> {
-        let synced = matches!(self.shared.policy, SyncPolicy::Always);
-        let reached = |m: &writer::Marks| {
-            if synced {
-                m.synced >= upto
-            } else {
-                m.written >= upto
-            }
-        };
-        if reached(&self.shared.marks.borrow()) {
+        if reached(&self.shared, &self.shared.marks.borrow(), upto) {
             return Ok(());
         }
-        if !synced {
-            // With -f or -F a change is safe once the kernel has it: write
-            // it from here rather than wait for the writer thread to wake
-            // (a pwrite into the page cache, in order under the file's
-            // lock, with whatever else has gathered). Every other task
-            // ready to run goes first, so that the changes they make join
-            // this write: one pwrite for a whole pass of the runtime's
-            // queue instead of one per change.
-            tokio::task::yield_now().await;
-            if reached(&self.shared.marks.borrow()) {
-                return Ok(());
-            }
-            self.shared.flush();
-            if reached(&self.shared.marks.borrow()) {
-                return Ok(());
-            }
-        }
         self.start_relay();
-        let mut marks = self.public.subscribe();
-        let m = marks
-            .wait_for(|m| reached(m) || m.failed.is_some())
-            .await
-            .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?;
-        match &m.failed {
-            Some(why) if !reached(&m) => Err(StoreError::Unavailable(format!(
-                "the change could not be made safe: {why}"
-            ))),
-            _ => Ok(()),
+        let wait = wait_safe(Arc::clone(&self.shared), Arc::clone(&self.public), upto);
+        if !held::can_hold() {
+            return wait.await;
+        }
+        match held::hold(Box::pin(wait)) {
+            None => Ok(()),
+            Some(wait) => wait.await,
         }
     }
 

@@ -1,0 +1,149 @@
+//! Acknowledged means synced, as the system calls show it: delayq runs
+//! under `strace`, and every `INSERTED` it writes to a client must come
+//! after an `fdatasync` that finished after the `pwrite` of that job's
+//! record. Tried one put at a time, with puts pipelined, and with puts and
+//! deletes pipelined together (the replies then held until one sync covers
+//! them all).
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::daemon::{BIN, free_port, wait_exit};
+use crate::common::{Client, REPLY_TIMEOUT};
+
+/// The job bodies of the puts, in the order they were sent on the one
+/// connection; each is a marker that can be found in the traced `pwrite`s.
+fn body(kind: &str, n: usize) -> String {
+    format!("order-{kind}-{n:04}")
+}
+
+#[tokio::test]
+async fn every_insert_is_answered_only_after_its_record_is_synced() {
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "this test needs strace (apt-get install strace; .ci/test installs it)"
+    );
+    let dir = tempfile::tempdir().expect("a data directory");
+    let trace = dir.path().join("trace");
+    let data = dir.path().join("data");
+    let port = free_port();
+    let mut strace = Command::new("strace")
+        .args(["-f", "-qq", "-s", "1048576", "-o"])
+        .arg(&trace)
+        .args(["-e", "trace=pwrite64,fdatasync,write,writev,sendto,sendmsg"])
+        .arg(BIN)
+        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-b"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn strace");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let start = Instant::now();
+    let mut c = loop {
+        if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
+            drop(s);
+            break Client::connect(addr).await;
+        }
+        assert!(start.elapsed() < REPLY_TIMEOUT * 3, "delayq never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
+    let mut sent = Vec::new();
+    // One at a time.
+    for n in 0..5 {
+        let b = body("single", n);
+        c.put_ok(0, 0, 60, b.as_bytes()).await;
+        sent.push(b);
+    }
+    // Puts pipelined: one write, then the replies.
+    let mut wire = String::new();
+    for n in 0..30 {
+        let b = body("piped", n);
+        wire += &format!("put 0 0 60 {}\r\n{b}\r\n", b.len());
+        sent.push(b);
+    }
+    c.send(wire.as_bytes()).await;
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        let line = c.line().await;
+        let id = line.strip_prefix("INSERTED ").expect("INSERTED");
+        ids.push(id.to_string());
+    }
+    // Deletes and puts pipelined together.
+    let mut wire = String::new();
+    for (n, id) in ids.iter().enumerate() {
+        let b = body("mixed", n);
+        wire += &format!("delete {id}\r\nput 0 0 60 {}\r\n{b}\r\n", b.len());
+        sent.push(b);
+    }
+    c.send(wire.as_bytes()).await;
+    for _ in &ids {
+        assert_eq!(c.line().await, "DELETED");
+        assert!(c.line().await.starts_with("INSERTED "));
+    }
+    drop(c);
+    // delayq is strace's child; stopped, it ends the trace too.
+    let children = format!("/proc/{}/task/{}/children", strace.id(), strace.id());
+    let delayq: libc::pid_t = std::fs::read_to_string(children)
+        .expect("strace's children")
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("delayq's pid");
+    // SAFETY: signalling the process this test started (through strace).
+    unsafe { libc::kill(delayq, libc::SIGTERM) };
+    wait_exit(&mut strace, REPLY_TIMEOUT * 3);
+
+    let trace = std::fs::read_to_string(&trace).expect("the trace");
+    let checked = check_order(&trace, &sent);
+    assert_eq!(
+        checked,
+        sent.len(),
+        "every put's reply was found in the trace"
+    );
+}
+
+/// Checks, line by line, that each `INSERTED` written to a client follows
+/// a finished `fdatasync` that follows the `pwrite` holding the body of the
+/// put it answers (the `n`th `INSERTED` answers the `n`th of `sent`).
+/// Returns how many replies it checked.
+fn check_order(trace: &str, sent: &[String]) -> usize {
+    let mut written: HashMap<&str, usize> = HashMap::new();
+    let mut last_sync = None;
+    let mut replies = 0;
+    for (at, line) in trace.lines().enumerate() {
+        let call = line.split_once(' ').map_or(line, |(_, rest)| rest);
+        if call.starts_with("pwrite64(") {
+            for b in sent {
+                if call.contains(b.as_str()) {
+                    written.entry(b.as_str()).or_insert(at);
+                }
+            }
+        } else if (call.starts_with("fdatasync(") || call.starts_with("<... fdatasync resumed>"))
+            && call.trim_end().ends_with("= 0")
+        {
+            last_sync = Some(at);
+        } else if ["write(", "writev(", "sendto(", "sendmsg("]
+            .iter()
+            .any(|w| call.starts_with(w))
+        {
+            for _ in 0..call.matches("INSERTED ").count() {
+                let b = sent.get(replies).expect("no more INSERTED than puts");
+                let record = *written
+                    .get(b.as_str())
+                    .unwrap_or_else(|| panic!("{b} answered before its record was written"));
+                let synced = last_sync.unwrap_or(0);
+                assert!(
+                    synced > record,
+                    "{b}: written at line {record}, answered at line {at}, \
+                     with no fdatasync finished in between (last at {synced})"
+                );
+                replies += 1;
+            }
+        }
+    }
+    replies
+}
