@@ -178,6 +178,8 @@ pub struct LogStats {
     pub records_written: u64,
     /// Records rewritten by compaction since start.
     pub records_migrated: u64,
+    /// Syncs of the log since start (each makes a group of changes safe).
+    pub syncs: u64,
     /// The size of one log file.
     pub file_size: u64,
 }

@@ -378,6 +378,7 @@ impl Log for Wal {
             current_file: b.number,
             records_written: self.shared.records_written.load(Ordering::Relaxed),
             records_migrated: self.shared.records_migrated.load(Ordering::Relaxed),
+            syncs: self.shared.syncs.load(Ordering::Relaxed),
             file_size: self.shared.file_size,
         })
     }

@@ -130,6 +130,8 @@ pub struct Shared {
     pub records_written: AtomicU64,
     /// Records rewritten by snapshots.
     pub records_migrated: AtomicU64,
+    /// Syncs of the log file.
+    pub syncs: AtomicU64,
 }
 
 impl Shared {
@@ -182,6 +184,7 @@ impl Shared {
             file: Mutex::new(Arc::new(current)),
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
         }
     }
 
@@ -231,6 +234,7 @@ impl Shared {
             self.fail("fdatasync", &e);
             return Err(());
         }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.store(upto, Ordering::Release);
         self.marks.send_modify(|m| m.synced = m.synced.max(upto));
         Ok(start.elapsed())
