@@ -1,9 +1,10 @@
 //! Acknowledged means synced, as the system calls show it: delayq runs
 //! under `strace`, and every `INSERTED` it writes to a client must come
 //! after an `fdatasync` that finished after the `pwrite` of that job's
-//! record. Tried one put at a time, with puts pipelined, and with puts and
+//! record. Tried one put at a time, with puts pipelined, with puts and
 //! deletes pipelined together (the replies then held until one sync covers
-//! them all).
+//! them all), and with a put followed by more replies than the write buffer
+//! holds.
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -83,6 +84,26 @@ async fn every_insert_is_answered_only_after_its_record_is_synced() {
     for _ in &ids {
         assert_eq!(c.line().await, "DELETED");
         assert!(c.line().await.starts_with("INSERTED "));
+    }
+    // A put followed by enough peeks that their replies outgrow the
+    // connection's write buffer: the buffer is written out before the
+    // last reply is queued, and that write must wait for the put's sync.
+    let big = format!("{}{}", body("big", 0), "x".repeat(1000));
+    let mut wire = format!("use big\r\nput 0 0 60 {}\r\n{big}\r\n", big.len());
+    for _ in 0..20 {
+        wire += "peek-ready\r\n";
+    }
+    sent.push(body("big", 0));
+    c.send(wire.as_bytes()).await;
+    assert_eq!(c.line().await, "USING big");
+    let inserted = c.line().await;
+    let id = inserted.strip_prefix("INSERTED ").expect("INSERTED");
+    for _ in 0..20 {
+        assert_eq!(c.line().await, format!("FOUND {id} {}", big.len()));
+        assert_eq!(
+            c.read_exact(big.len() + 2).await,
+            format!("{big}\r\n").as_bytes()
+        );
     }
     drop(c);
     // delayq is strace's child; stopped, it ends the trace too.
