@@ -7,7 +7,10 @@
 //! holds.
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::daemon::{BIN, free_port, wait_exit};
@@ -28,29 +31,10 @@ async fn every_insert_is_answered_only_after_its_record_is_synced() {
     let dir = tempfile::tempdir().expect("a data directory");
     let trace = dir.path().join("trace");
     let data = dir.path().join("data");
-    let port = free_port();
-    let mut strace = Command::new("strace")
-        .args(["-f", "-qq", "-s", "1048576", "-o"])
-        .arg(&trace)
-        .args(["-e", "trace=pwrite64,fdatasync,write,writev,sendto,sendmsg"])
-        .arg(BIN)
-        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-b"])
-        .arg(&data)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn strace");
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let start = Instant::now();
-    let mut c = loop {
-        if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
-            drop(s);
-            break Client::connect(addr).await;
-        }
-        assert!(start.elapsed() < REPLY_TIMEOUT * 3, "delayq never listened");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let (mut strace, addr) = (0..5)
+        .find_map(|_| traced(&trace, &data))
+        .expect("delayq kept failing to start under strace");
+    let mut c = Client::connect(addr).await;
 
     let mut sent = Vec::new();
     // One at a time.
@@ -127,6 +111,47 @@ async fn every_insert_is_answered_only_after_its_record_is_synced() {
     );
 }
 
+/// Starts delayq under strace on a free port, and returns once delayq
+/// says it listens (its own log, not a connection: another test's server
+/// may have taken the port); `None` if it exited first.
+fn traced(trace: &Path, data: &Path) -> Option<(Child, SocketAddr)> {
+    let port = free_port();
+    let mut strace = Command::new("strace")
+        .args(["-f", "-qq", "-s", "1048576", "-o"])
+        .arg(trace)
+        .args(["-e", "trace=pwrite64,fdatasync,write,writev,sendto,sendmsg"])
+        .arg(BIN)
+        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-b"])
+        .arg(data)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn strace");
+    let stderr = strace.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read to the end, so that delayq never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("delayq listening") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let limit = Instant::now() + REPLY_TIMEOUT * 3;
+    loop {
+        if rx.recv_timeout(Duration::from_millis(20)).is_ok() {
+            return Some((strace, SocketAddr::from(([127, 0, 0, 1], port))));
+        }
+        if strace.try_wait().expect("try_wait").is_some() {
+            return None;
+        }
+        assert!(Instant::now() < limit, "delayq never listened under strace");
+    }
+}
+
 /// Checks, line by line, that each `INSERTED` written to a client follows
 /// a finished `fdatasync` that follows the `pwrite` holding the body of the
 /// put it answers (the `n`th `INSERTED` answers the `n`th of `sent`).
@@ -136,7 +161,10 @@ fn check_order(trace: &str, sent: &[String]) -> usize {
     let mut last_sync = None;
     let mut replies = 0;
     for (at, line) in trace.lines().enumerate() {
-        let call = line.split_once(' ').map_or(line, |(_, rest)| rest);
+        // After the pid, which strace pads to a width.
+        let call = line
+            .split_once(' ')
+            .map_or(line, |(_, rest)| rest.trim_start());
         if call.starts_with("pwrite64(") {
             for b in sent {
                 if call.contains(b.as_str()) {
