@@ -12,6 +12,7 @@ mod common;
 mod damage;
 mod disk;
 mod order;
+mod recycle;
 mod restart;
 
 use std::path::{Path, PathBuf};

@@ -6,8 +6,10 @@
 //! prepared ahead (their blocks allocated), so a write never runs out of
 //! room; a put is taken only if, after it, the room left still covers a
 //! delete record for every live job (deletes are never refused); when the
-//! prepared room runs short, puts are refused until the keeper
-//! (`keeper.rs`) has prepared more.
+//! prepared room runs short, the change is refused here, asks the keeper
+//! (`keeper.rs`) for more, and is tried again once it has prepared it
+//! (`Wal::wait_for_room`); only when the keeper cannot (a full disk) is the
+//! refusal the answer.
 
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
@@ -85,6 +87,10 @@ impl<'a> Appender<'a> {
             let cost = if switch { left + len } else { len };
             let live = b.live_jobs + u64::from(class == Class::Put);
             if (switch && b.spares.is_empty()) || room < cost + promised(live, size) {
+                // The keeper prepares room ahead for what the live jobs
+                // need; a burst can outrun it, so ask it for more.
+                b.room_wanted = true;
+                shared.chores.notify_one();
                 return Err(StoreError::OutOfMemory);
             }
         }

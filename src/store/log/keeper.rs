@@ -59,8 +59,9 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, mut next_spare: u64) {
                 if b.stopping {
                     return;
                 }
-                let want_spare =
-                    b.spares.len() < spares_needed(&b, shared.file_size) && b.failed.is_none();
+                let want_spare = (b.spares.len() < spares_needed(&b, shared.file_size)
+                    || b.room_wanted)
+                    && b.failed.is_none();
                 if want_spare || b.compact {
                     break (want_spare, b.compact);
                 }
@@ -76,13 +77,22 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, mut next_spare: u64) {
             next_spare += 1;
             match prepare_spare(&path, shared.file_size) {
                 Ok(file) => {
-                    shared.lock().spares.push_back(Spare { path, file });
+                    {
+                        let mut b = shared.lock();
+                        b.spares.push_back(Spare { path, file });
+                        b.room_wanted = false;
+                        b.short_of_disk = false;
+                    }
+                    shared.room.notify_waiters();
                     if complained.take().is_some() {
                         info!("room on disk again: the next log file is ready");
                     }
                 }
                 Err(e) => {
                     failed = true;
+                    shared.lock().short_of_disk = true;
+                    // Those waiting for room answer OUT_OF_MEMORY now.
+                    shared.room.notify_waiters();
                     if complained.is_none_or(|at| at.elapsed() >= RETRY) {
                         complained = Some(Instant::now());
                         warn!(
@@ -188,6 +198,7 @@ fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::R
     for path in recycled {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         shared.lock().spares.push_back(Spare { path, file });
+        shared.room.notify_waiters();
     }
     Ok(())
 }

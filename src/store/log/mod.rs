@@ -121,6 +121,10 @@ impl Source for StateSource {
     }
 }
 
+/// How long a change refused for want of prepared room waits for the
+/// keeper to prepare more before it is refused for good.
+const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Opens (or creates) the data directory, recovers its jobs, and returns the
 /// engine over it, its log running. The error says what stopped it (another
 /// process holds the directory, damage and where, an I/O error).
@@ -369,6 +373,28 @@ impl Log for Wal {
             None => Ok(()),
             Some(wait) => wait.await,
         }
+    }
+
+    async fn wait_for_room(&self) -> bool {
+        let shared = &self.shared;
+        let room = shared.room.notified();
+        tokio::pin!(room);
+        // Registered before looking, so that a spare prepared in between is
+        // not missed.
+        room.as_mut().enable();
+        {
+            let b = shared.lock();
+            if b.short_of_disk || b.failed.is_some() || b.stopping {
+                return false;
+            }
+            if !b.room_wanted {
+                // Prepared since the refusal: try again at once.
+                return true;
+            }
+        }
+        // A file is prepared in milliseconds; longer means the disk is in
+        // trouble, and the change is refused after all.
+        tokio::time::timeout(ROOM_WAIT, room).await.is_ok() && !shared.lock().short_of_disk
     }
 
     fn stats(&self) -> Option<LogStats> {

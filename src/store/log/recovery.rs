@@ -143,7 +143,10 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         }
         out.files.insert(*number, *first);
         let newest = i + 1 == replay.len();
-        let used = replay_file(path, newest, start, state, salvage, &mut out, &mut buf)?;
+        let next_first = replay.get(i + 1).map(|&(_, first, _)| first);
+        let used = replay_file(
+            path, newest, next_first, start, state, salvage, &mut out, &mut buf,
+        )?;
         if newest {
             let file = OpenOptions::new()
                 .read(true)
@@ -161,6 +164,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
 fn replay_file(
     path: &PathBuf,
     newest: bool,
+    next_first: Option<u64>,
     start: u64,
     state: &mut State,
     salvage: bool,
@@ -199,6 +203,13 @@ fn replay_file(
             Err(bad) => bad.describe().to_string(),
         };
         let next = continuation(data, at + 1, out.next_seq);
+        // A file recycled from an old one keeps the old records' remains
+        // past the end of its own: when the next file begins with the very
+        // record this one was to have next, nothing is missing and those
+        // bytes are that unused end, not damage.
+        if next.is_none() && next_first == Some(out.next_seq) {
+            return Ok(at as u64);
+        }
         let unsynced = next.is_none_or(|(_, f)| f.stamp < out.next_seq);
         if newest && unsynced {
             warn!(

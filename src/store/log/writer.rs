@@ -91,6 +91,12 @@ pub struct Buf {
     pub snapshot_bytes: u64,
     /// The keeper should take a snapshot.
     pub compact: bool,
+    /// A change was refused for want of prepared room: the keeper should
+    /// prepare another file even if the live jobs' count does not ask for it.
+    pub room_wanted: bool,
+    /// The keeper could not prepare a file (the disk is full, or another
+    /// error): room is not coming until it can.
+    pub short_of_disk: bool,
     /// Why the log stopped taking changes.
     pub failed: Option<Arc<str>>,
     /// The writer sleeps until woken: a transition that appends wakes it.
@@ -132,6 +138,8 @@ pub struct Shared {
     pub records_migrated: AtomicU64,
     /// Syncs of the log file.
     pub syncs: AtomicU64,
+    /// Told when the keeper has prepared room (a spare file).
+    pub room: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -164,6 +172,8 @@ impl Shared {
                 snapshot_at: 0,
                 snapshot_bytes: 0,
                 compact: false,
+                room_wanted: false,
+                short_of_disk: false,
                 failed: None,
                 writer_idle: false,
                 pending: 0,
@@ -185,6 +195,7 @@ impl Shared {
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            room: tokio::sync::Notify::new(),
         }
     }
 

@@ -124,6 +124,11 @@ pub trait Log: Send + Sync + 'static {
     /// promises before a change is acknowledged (on disk, by default).
     fn settle(&self, written: u64) -> impl Future<Output = StoreResult<()>> + Send;
 
+    /// After a change was refused for want of room in the log: waits until
+    /// more room may be there and says whether to try again (`false`: the
+    /// room is not coming, the disk is full or the log failed).
+    fn wait_for_room(&self) -> impl Future<Output = bool> + Send;
+
     /// The log's figures, for `stats`.
     fn stats(&self) -> Option<LogStats>;
 
@@ -170,6 +175,10 @@ impl Log for Volatile {
 
     async fn settle(&self, _: u64) -> StoreResult<()> {
         Ok(())
+    }
+
+    async fn wait_for_room(&self) -> bool {
+        false
     }
 
     fn stats(&self) -> Option<LogStats> {

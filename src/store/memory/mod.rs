@@ -26,7 +26,7 @@ mod transitions;
 pub use state::State;
 
 use crate::clock::{Clock, Micros};
-use crate::error::StoreResult;
+use crate::error::{StoreError, StoreResult};
 use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
 use crate::store::{ConnId, Store, Tick, TubeRef};
@@ -87,26 +87,33 @@ impl<L: Log> MemoryStore<L> {
     }
 
     /// Runs one transition at the current time, its records going to the
-    /// log, and answers as `reply` says.
+    /// log, and answers as `reply` says. A transition refused for want of
+    /// prepared room in the log (it changed nothing) runs again once the
+    /// log has prepared more, unless the disk is full.
     async fn change<T>(
         &self,
         reply: Reply,
-        f: impl FnOnce(&mut State, Micros, &mut L::Journal<'_>) -> StoreResult<T>,
+        mut f: impl FnMut(&mut State, Micros, &mut L::Journal<'_>) -> StoreResult<T>,
     ) -> StoreResult<T> {
-        let (out, written) = {
-            let mut state = self.lock();
-            let now = self.clock.now();
-            let mut journal = self.log.journal();
-            let out = f(&mut state, now, &mut journal);
-            (out, journal.written())
-        };
-        if reply == Reply::WhenSafe && out.is_ok() {
-            // Also for a change that wrote nothing (a put answered EXISTS, a
-            // delete of a job deleted a moment ago): what it answers about
-            // may still be on its way to the disk.
-            self.log.settle(written).await?;
+        loop {
+            let (out, written) = {
+                let mut state = self.lock();
+                let now = self.clock.now();
+                let mut journal = self.log.journal();
+                let out = f(&mut state, now, &mut journal);
+                (out, journal.written())
+            };
+            if matches!(out, Err(StoreError::OutOfMemory)) && self.log.wait_for_room().await {
+                continue;
+            }
+            if reply == Reply::WhenSafe && out.is_ok() {
+                // Also for a change that wrote nothing (a put answered
+                // EXISTS, a delete of a job deleted a moment ago): what it
+                // answers about may still be on its way to the disk.
+                self.log.settle(written).await?;
+            }
+            return out;
         }
-        out
     }
 }
 
@@ -114,7 +121,7 @@ use Reply::{AtOnce, WhenSafe};
 
 impl<L: Log> Store for MemoryStore<L> {
     async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
-        self.change(WhenSafe, |st, now, log| st.put(job, now, log))
+        self.change(WhenSafe, |st, now, log| st.put(job.clone(), now, log))
             .await
     }
 
