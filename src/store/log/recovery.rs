@@ -9,6 +9,9 @@
 //!   checksum, with nothing valid after it, or only records written after
 //!   the last sync, which a crash may leave in any order) is cut off with a
 //!   warning, and everything before it is served;
+//! * past the last record of an older file, a file recycled as a spare
+//!   keeps its old records' remains: when the next file begins with the
+//!   record that was next, nothing is missing and they are not damage;
 //! * damage anywhere else stops the start with a message naming the file and
 //!   the offset; with `salvage` the damaged records are skipped instead (the
 //!   next valid record is searched for), and how many were lost is said.
