@@ -14,6 +14,7 @@ mod disk;
 mod order;
 mod recycle;
 mod restart;
+mod upgrade;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -20,9 +20,11 @@ use std::path::{Path, PathBuf};
 
 /// Bytes of a file header.
 pub const HEADER: u64 = 32;
-/// The format version this build writes and reads (2: varint fields in
-/// records; version 1 was never released).
+/// The format version this build writes (2: varint fields in records).
 pub const VERSION: u32 = 2;
+/// The oldest format version this build reads (1: fixed-size fields, what
+/// delayq wrote before; its files are read, never appended to).
+pub const OLDEST_VERSION: u32 = 1;
 
 const LOG_MAGIC: &[u8; 8] = b"DELAYQLG";
 const SNAPSHOT_MAGIC: &[u8; 8] = b"DELAYQSN";
@@ -50,8 +52,9 @@ pub fn header(kind: Kind, a: u64, b: u64) -> [u8; HEADER as usize] {
     h
 }
 
-/// Reads a header; the error says what is wrong with it.
-pub fn read_header(kind: Kind, bytes: &[u8]) -> Result<(u64, u64), String> {
+/// Reads a header: its two numbers and the file's format version; the
+/// error says what is wrong with it.
+pub fn read_header(kind: Kind, bytes: &[u8]) -> Result<(u64, u64, u32), String> {
     let Some(h) = bytes.get(..HEADER as usize) else {
         return Err("shorter than its header".into());
     };
@@ -63,14 +66,14 @@ pub fn read_header(kind: Kind, bytes: &[u8]) -> Result<(u64, u64), String> {
         return Err("not a delayq file (wrong magic)".into());
     }
     let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
         return Err(format!(
-            "format version {version}; this delayq reads version {VERSION}"
+            "format version {version}; this delayq reads versions {OLDEST_VERSION} to {VERSION}"
         ));
     }
     let a = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
     let b = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
-    Ok((a, b))
+    Ok((a, b, version))
 }
 
 /// The path of log file `n`.
@@ -203,7 +206,7 @@ mod tests {
     #[test]
     fn headers_read_back_and_refuse_what_is_not_theirs() {
         let h = header(Kind::Log, 3, 99);
-        assert_eq!(read_header(Kind::Log, &h), Ok((3, 99)));
+        assert_eq!(read_header(Kind::Log, &h), Ok((3, 99, VERSION)));
         assert!(
             read_header(Kind::Snapshot, &h)
                 .unwrap_err()

@@ -248,8 +248,9 @@ fn put_meta(out: &mut Vec<u8>, m: &Meta) {
     }
 }
 
-/// Reads the frame at the start of `bytes`.
-pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, Bad> {
+/// Reads the frame at the start of `bytes`, written in format `version`
+/// (1: every number fixed-size, the stamp whole; 2: as this module says).
+pub fn decode(bytes: &[u8], version: u32) -> Result<Frame<'_>, Bad> {
     let Some(head) = bytes.get(..8) else {
         return Err(if bytes.iter().all(|&b| b == 0) {
             Bad::End
@@ -268,16 +269,20 @@ pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, Bad> {
     if crc32c::crc32c_append(crc32c::crc32c(&head[..4]), body) != crc {
         return Err(Bad::Checksum);
     }
-    let mut r = Reader(body);
+    let mut r = Reader(body, version == 1);
     let seq = r.u64()?;
-    let stamp = seq.saturating_sub(r.u32()?.into());
+    let stamp = if r.1 {
+        r.u64()?
+    } else {
+        seq.saturating_sub(r.u32()?.into())
+    };
     let item = match r.u8()? {
         JOB => {
             let meta = r.meta()?;
-            let (ttr, created) = (r.varint()?, r.u64()?);
+            let (ttr, created) = (r.number()?, r.u64()?);
             let tube = r.text()?;
             let name = r.text()?;
-            let body_len = usize::try_from(r.varint()?).map_err(|_| Bad::Malformed)?;
+            let body_len = usize::try_from(r.number32()?).map_err(|_| Bad::Malformed)?;
             let body = r.take(body_len)?;
             Item::Record(Record::Job(JobImage {
                 meta,
@@ -289,7 +294,7 @@ pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, Bad> {
             }))
         }
         META => Item::Record(Record::Meta(r.meta()?)),
-        DELETE => Item::Record(Record::Delete(r.varint()?)),
+        DELETE => Item::Record(Record::Delete(r.number()?)),
         PAUSE => Item::Record(Record::Pause {
             tube: r.text()?,
             length: r.u64()?,
@@ -313,8 +318,9 @@ pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, Bad> {
     })
 }
 
-/// Reads fields off the front of a frame's bytes.
-struct Reader<'a>(&'a [u8]);
+/// Reads fields off the front of a frame's bytes; the flag says the frame
+/// is in format 1 (fixed-size numbers).
+struct Reader<'a>(&'a [u8], bool);
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], Bad> {
@@ -355,8 +361,18 @@ impl<'a> Reader<'a> {
         Err(Bad::Malformed)
     }
 
-    fn small(&mut self) -> Result<u32, Bad> {
-        u32::try_from(self.varint()?).map_err(|_| Bad::Malformed)
+    /// A number that format 1 kept in 8 bytes.
+    fn number(&mut self) -> Result<u64, Bad> {
+        if self.1 { self.u64() } else { self.varint() }
+    }
+
+    /// A number that format 1 kept in 4 bytes.
+    fn number32(&mut self) -> Result<u32, Bad> {
+        if self.1 {
+            self.u32()
+        } else {
+            u32::try_from(self.varint()?).map_err(|_| Bad::Malformed)
+        }
     }
 
     fn text(&mut self) -> Result<&'a str, Bad> {
@@ -365,20 +381,27 @@ impl<'a> Reader<'a> {
     }
 
     fn meta(&mut self) -> Result<Meta, Bad> {
-        let (key, pri, delay) = (self.varint()?, self.small()?, self.varint()?);
-        let state = match self.u8()? {
+        let (key, pri, delay) = (self.number()?, self.number32()?, self.number()?);
+        let kind = self.u8()?;
+        // Format 1 gave every state a value, zero where it has none.
+        let value = if self.1 || matches!(kind, 1 | 3) {
+            self.number()?
+        } else {
+            0
+        };
+        let state = match kind {
             0 => Stored::Ready,
-            1 => Stored::Delayed(self.varint()?),
+            1 => Stored::Delayed(value),
             2 => Stored::Reserved,
-            3 => Stored::Buried(self.varint()?),
+            3 => Stored::Buried(value),
             _ => return Err(Bad::Malformed),
         };
         let counters = JobCounters {
-            reserves: self.small()?,
-            timeouts: self.small()?,
-            releases: self.small()?,
-            buries: self.small()?,
-            kicks: self.small()?,
+            reserves: self.number32()?,
+            timeouts: self.number32()?,
+            releases: self.number32()?,
+            buries: self.number32()?,
+            kicks: self.number32()?,
         };
         Ok(Meta {
             key,
@@ -392,6 +415,7 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::files::VERSION;
     use super::*;
 
     fn job<'a>(name: Option<&'a str>, body: &'a [u8]) -> Record<'a> {
@@ -449,16 +473,16 @@ mod tests {
         encode_end(&mut out, 7, 6);
         let mut at = 0;
         for (i, r) in records.iter().enumerate() {
-            let frame = decode(&out[at..]).unwrap();
+            let frame = decode(&out[at..], VERSION).unwrap();
             assert_eq!(
                 (frame.seq, frame.stamp, frame.item),
                 (i as u64 + 1, i as u64, Item::Record(*r))
             );
             at += frame.len;
         }
-        assert_eq!(decode(&out[at..]).unwrap().item, Item::End(6));
-        assert_eq!(decode(&[0; 40]), Err(Bad::End));
-        assert_eq!(decode(&[]), Err(Bad::End));
+        assert_eq!(decode(&out[at..], VERSION).unwrap().item, Item::End(6));
+        assert_eq!(decode(&[0; 40], VERSION), Err(Bad::End));
+        assert_eq!(decode(&[], VERSION), Err(Bad::End));
     }
 
     #[test]
@@ -468,10 +492,16 @@ mod tests {
         for at in 0..out.len() {
             let mut bad = out.clone();
             bad[at] ^= 0x40;
-            assert!(decode(&bad).is_err(), "byte {at} flipped went unseen");
-            assert!(decode(&out[..at]).is_err(), "cut at {at} went unseen");
+            assert!(
+                decode(&bad, VERSION).is_err(),
+                "byte {at} flipped went unseen"
+            );
+            assert!(
+                decode(&out[..at], VERSION).is_err(),
+                "cut at {at} went unseen"
+            );
         }
-        assert_eq!(decode(&out[..10]), Err(Bad::Short));
+        assert_eq!(decode(&out[..10], VERSION), Err(Bad::Short));
     }
 
     #[test]
@@ -487,6 +517,91 @@ mod tests {
         assert_eq!(out.len(), DELETE_LEN);
     }
 
+    /// A record as format 1 wrote it: every number fixed-size, the stamp
+    /// whole, every state with a value.
+    fn encode_v1(out: &mut Vec<u8>, seq: u64, stamp: u64, record: &Record<'_>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&stamp.to_le_bytes());
+        let meta = |out: &mut Vec<u8>, m: &Meta| {
+            out.extend_from_slice(&m.key.to_le_bytes());
+            out.extend_from_slice(&m.pri.to_le_bytes());
+            out.extend_from_slice(&m.delay.to_le_bytes());
+            let (kind, value) = match m.state {
+                Stored::Ready => (0u8, 0u64),
+                Stored::Delayed(due) => (1, due),
+                Stored::Reserved => (2, 0),
+                Stored::Buried(seq) => (3, seq),
+            };
+            out.push(kind);
+            out.extend_from_slice(&value.to_le_bytes());
+            let c = &m.counters;
+            for n in [c.reserves, c.timeouts, c.releases, c.buries, c.kicks] {
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+        };
+        match record {
+            Record::Job(job) => {
+                out.push(JOB);
+                meta(out, &job.meta);
+                out.extend_from_slice(&job.ttr.to_le_bytes());
+                out.extend_from_slice(&job.created.to_le_bytes());
+                put_short(out, job.tube.as_bytes());
+                put_short(out, job.name.unwrap_or("").as_bytes());
+                out.extend_from_slice(&(job.body.len() as u32).to_le_bytes());
+                out.extend_from_slice(job.body);
+            }
+            Record::Meta(m) => {
+                out.push(META);
+                meta(out, m);
+            }
+            Record::Delete(key) => {
+                out.push(DELETE);
+                out.extend_from_slice(&key.to_le_bytes());
+            }
+            other => panic!("not needed here: {other:?}"),
+        }
+        seal(out, start);
+    }
+
+    #[test]
+    fn format_1_records_read_back() {
+        let records = [
+            job(Some("order-close:4711"), &[0, 13, 10, 255]),
+            Record::Meta(Meta {
+                key: 9,
+                pri: 7,
+                delay: 0,
+                state: Stored::Buried(12),
+                counters: JobCounters::default(),
+            }),
+            Record::Meta(Meta {
+                key: 9,
+                pri: 7,
+                delay: 0,
+                state: Stored::Ready,
+                counters: JobCounters::default(),
+            }),
+            Record::Delete(u64::MAX),
+        ];
+        for (i, r) in records.iter().enumerate() {
+            let mut out = Vec::new();
+            encode_v1(&mut out, 100 + i as u64, 99, r);
+            let frame = decode(&out, 1).unwrap();
+            assert_eq!(
+                (frame.seq, frame.stamp, frame.item),
+                (100 + i as u64, 99, Item::Record(*r))
+            );
+            assert_eq!(frame.len, out.len());
+            // Read as the current format, the same bytes are not a record.
+            assert!(
+                decode(&out, VERSION).is_err()
+                    || decode(&out, VERSION).unwrap().item != Item::Record(*r)
+            );
+        }
+    }
+
     #[test]
     fn varints_read_back_at_every_length() {
         let mut n = 1u64;
@@ -495,28 +610,28 @@ mod tests {
                 let mut out = Vec::new();
                 put_varint(&mut out, v);
                 assert_eq!(out.len(), varint_len(v), "{v}");
-                let mut r = Reader(&out);
+                let mut r = Reader(&out, false);
                 assert_eq!(r.varint(), Ok(v));
                 assert!(r.0.is_empty());
             }
             n = n.wrapping_shl(1).max(1);
         }
         // Eleven bytes, or a tenth byte beyond 64 bits, is not a number.
-        assert_eq!(Reader(&[0x80; 11]).varint(), Err(Bad::Malformed));
+        assert_eq!(Reader(&[0x80; 11], false).varint(), Err(Bad::Malformed));
         let mut too_big = vec![0xff; 9];
         too_big.push(0x02);
-        assert_eq!(Reader(&too_big).varint(), Err(Bad::Malformed));
+        assert_eq!(Reader(&too_big, false).varint(), Err(Bad::Malformed));
     }
 
     #[test]
     fn a_stamp_reads_back_and_a_huge_gap_reads_as_older() {
         let mut out = Vec::new();
         encode(&mut out, 10, 7, &Record::Delete(1));
-        assert_eq!(decode(&out).unwrap().stamp, 7);
+        assert_eq!(decode(&out, VERSION).unwrap().stamp, 7);
         let mut out = Vec::new();
         let seq = u64::from(u32::MAX) * 3;
         encode(&mut out, seq, 1, &Record::Delete(1));
-        assert!(decode(&out).unwrap().stamp <= 1 + seq - u64::from(u32::MAX));
+        assert!(decode(&out, VERSION).unwrap().stamp <= 1 + seq - u64::from(u32::MAX));
     }
 
     #[test]

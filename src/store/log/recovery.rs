@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
-use super::files::{HEADER, Kind, Listing, read_header};
+use super::files::{HEADER, Kind, Listing, VERSION, read_header};
 use super::record::{Bad, Frame, Item, decode};
 use crate::store::memory::State;
 use crate::store::memory::replay::Applied;
@@ -61,8 +61,13 @@ fn damage(path: &Path, offset: usize, why: &str) -> String {
 
 /// The first offset after `from` where a valid frame numbered `at_least` or
 /// higher begins.
-fn continuation(data: &[u8], from: usize, at_least: u64) -> Option<(usize, Frame<'_>)> {
-    (from..data.len()).find_map(|at| match decode(&data[at..]) {
+fn continuation(
+    data: &[u8],
+    version: u32,
+    from: usize,
+    at_least: u64,
+) -> Option<(usize, Frame<'_>)> {
+    (from..data.len()).find_map(|at| match decode(&data[at..], version) {
         Ok(f) if f.seq >= at_least => Some((at, f)),
         _ => None,
     })
@@ -90,7 +95,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
     for (number, path) in &listing.logs {
         let mut head = [0u8; HEADER as usize];
         let read = File::open(path).and_then(|f| f.read_exact_at(&mut head, 0));
-        let (n, first) = match read
+        let (n, first, version) = match read
             .map_err(|e| e.to_string())
             .and_then(|()| read_header(Kind::Log, &head))
         {
@@ -100,16 +105,16 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         if n != *number {
             return Err(damage(path, 0, &format!("its header says it is file {n}")));
         }
-        headers.push((n, first, path.clone()));
+        headers.push((n, first, version, path.clone()));
     }
     // The files to replay: from the last one that begins at or before the
     // snapshot's start (older ones are leftovers of a compaction cut short).
-    let from = headers.iter().rposition(|&(_, first, _)| first <= start);
+    let from = headers.iter().rposition(|&(_, first, _, _)| first <= start);
     let replay = match from {
         Some(i) => &headers[i..],
         None => &headers[..],
     };
-    if let Some(&(_, first, ref path)) = replay.first()
+    if let Some(&(_, first, _, ref path)) = replay.first()
         && first > start
     {
         let why = format!("records {start} to {} are missing before it", first - 1);
@@ -119,7 +124,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         warn!(file = %path.display(), "{why}; skipped (--salvage)");
         out.skipped += first - start;
     }
-    for (i, (number, first, path)) in replay.iter().enumerate() {
+    for (i, (number, first, version, path)) in replay.iter().enumerate() {
         if i > 0 {
             let before = replay[i - 1].0;
             if *number != before + 1 {
@@ -146,11 +151,13 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         }
         out.files.insert(*number, *first);
         let newest = i + 1 == replay.len();
-        let next_first = replay.get(i + 1).map(|&(_, first, _)| first);
+        let next_first = replay.get(i + 1).map(|&(_, first, _, _)| first);
         let used = replay_file(
-            path, newest, next_first, start, state, salvage, &mut out, &mut buf,
+            path, *version, newest, next_first, start, state, salvage, &mut out, &mut buf,
         )?;
-        if newest {
+        // A file of an older format is read, never appended to: the next
+        // records begin a new file.
+        if newest && *version == VERSION {
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -166,6 +173,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
 #[allow(clippy::too_many_arguments)]
 fn replay_file(
     path: &PathBuf,
+    version: u32,
     newest: bool,
     next_first: Option<u64>,
     start: u64,
@@ -183,7 +191,7 @@ fn replay_file(
     let data = &buf[..];
     let mut at = HEADER as usize;
     loop {
-        let why = match decode(&data[at..]) {
+        let why = match decode(&data[at..], version) {
             Ok(f) if f.seq == out.next_seq => {
                 if f.seq >= start {
                     let Item::Record(record) = f.item else {
@@ -205,7 +213,7 @@ fn replay_file(
             Err(Bad::End) => return Ok(at as u64),
             Err(bad) => bad.describe().to_string(),
         };
-        let next = continuation(data, at + 1, out.next_seq);
+        let next = continuation(data, version, at + 1, out.next_seq);
         // A file recycled from an old one keeps the old records' remains
         // past the end of its own: when the next file begins with the very
         // record this one was to have next, nothing is missing and those
@@ -269,9 +277,9 @@ fn load_snapshot(
     out: &mut Recovered,
 ) -> Result<u64, String> {
     let data = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    match read_header(Kind::Snapshot, &data) {
-        Ok((s, _)) if s == start => {}
-        Ok((s, _)) => {
+    let version = match read_header(Kind::Snapshot, &data) {
+        Ok((s, _, version)) if s == start => version,
+        Ok((s, _, _)) => {
             return Err(damage(
                 path,
                 0,
@@ -279,11 +287,11 @@ fn load_snapshot(
             ));
         }
         Err(why) => return Err(damage(path, 0, &format!("bad header ({why})"))),
-    }
+    };
     let mut at = HEADER as usize;
     let mut expected = 1;
     loop {
-        let why = match decode(&data[at..]) {
+        let why = match decode(&data[at..], version) {
             Ok(f) if f.seq == expected => match f.item {
                 Item::End(count) if count + 1 == expected => {
                     info!(file = %path.display(), records = count, "snapshot loaded");
@@ -308,7 +316,7 @@ fn load_snapshot(
         if !salvage {
             return Err(damage(path, at, &why));
         }
-        match continuation(&data, at + 1, expected) {
+        match continuation(&data, version, at + 1, expected) {
             Some((to, f)) => {
                 warn!(file = %path.display(), offset = at, reason = %why,
                     lost = f.seq - expected, "skipped damaged snapshot records (--salvage)");
