@@ -88,7 +88,7 @@ pub struct Wal {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     /// The writer's marks as the connections waiting on them see them,
-    /// passed on by [`relay`].
+    /// passed on by [`relay_marks`].
     public: Arc<watch::Sender<Marks>>,
     /// The task that passes them on, started by the first connection to
     /// wait (it needs the runtime, which `open` may run outside of).
@@ -260,7 +260,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
 }
 
 impl Wal {
-    /// Starts [`relay`] on the current runtime unless it runs already (a
+    /// Starts [`relay_marks`] on the current runtime unless it runs already (a
     /// test may have dropped the runtime it first ran on).
     fn start_relay(&self) {
         let mut relay = self.relay.lock().unwrap_or_else(PoisonError::into_inner);
