@@ -8,6 +8,7 @@ use clap::Parser;
 use tracing::warn;
 
 use crate::store::log::{DEFAULT_FILE_SIZE, Options, SyncPolicy};
+use crate::store::redis::Target;
 
 /// beanstalkd's default largest job body, in bytes.
 pub const DEFAULT_MAX_JOB_SIZE: usize = 65_535;
@@ -76,8 +77,34 @@ pub struct Flags {
     pub in_memory: bool,
     /// Store jobs in Redis at this URL (redis://[:password@]host:port/db, or
     /// redis+unix:///path) instead of in a data directory.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage", "redis_cluster", "redis_sentinel"])]
     pub redis: Option<String>,
+    /// Store jobs in a Redis Cluster reached through these nodes
+    /// (comma-separated URLs: redis://host:port,redis://host:port).
+    #[arg(long, value_name = "URLS", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage", "redis_sentinel"])]
+    pub redis_cluster: Option<String>,
+    /// Store jobs in the Redis primary these sentinels name (comma-separated
+    /// URLs of sentinels: redis://host:26379,redis://host2:26379), following
+    /// its failovers.
+    #[arg(long, value_name = "URLS", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage"])]
+    pub redis_sentinel: Option<String>,
+    /// The name the sentinels know the primary by.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "mymaster",
+        requires = "redis_sentinel"
+    )]
+    pub redis_sentinel_master: String,
+    /// On a Redis Cluster, how many of the 64 shards a tube's new jobs are
+    /// spread over (1 to 64; order and priority hold within a shard). May be
+    /// changed on a running deployment: a job is always found by its id.
+    #[arg(long, value_name = "N", default_value_t = crate::store::redis::DEFAULT_SPREAD, requires = "redis_cluster")]
+    pub shards: usize,
+    /// On a Redis Cluster, keep this tube's jobs on one shard, so its order
+    /// and priorities hold across all its jobs (repeatable).
+    #[arg(long, value_name = "TUBE", requires = "redis_cluster")]
+    pub one_shard_tube: Vec<String>,
     /// Prefix of every Redis key delayq uses (it becomes the keys' hash tag).
     #[arg(long, value_name = "PREFIX", default_value = "delayq:")]
     pub redis_prefix: String,
@@ -99,12 +126,12 @@ pub enum Engine {
     Memory,
     /// In memory and in a write-ahead log in a data directory (the default).
     Durable(Options),
-    /// In Redis.
+    /// In Redis: one server, a cluster, or a primary Sentinel names.
     Redis {
-        /// The server's URL.
-        url: String,
-        /// The prefix of every key.
-        prefix: String,
+        /// Where.
+        target: crate::store::redis::Target,
+        /// How.
+        options: crate::store::redis::Options,
     },
 }
 
@@ -142,10 +169,43 @@ impl Flags {
         if self.fsync_every.is_some() && self.no_fsync {
             return Err("-f and -F contradict each other: sync every MS ms, or never".into());
         }
-        let engine = match self.redis {
-            Some(url) => Engine::Redis {
-                url,
-                prefix: self.redis_prefix,
+        if !(1..=crate::store::redis::SHARDS).contains(&self.shards) {
+            return Err(format!(
+                "--shards must be from 1 to {}",
+                crate::store::redis::SHARDS
+            ));
+        }
+        let urls = |list: &str| -> Result<Vec<String>, String> {
+            let urls: Vec<String> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(String::from)
+                .collect();
+            if urls.is_empty() {
+                return Err("no URL given".into());
+            }
+            Ok(urls)
+        };
+        let target = match (self.redis, self.redis_cluster, self.redis_sentinel) {
+            (Some(url), _, _) => Some(Target::Single(url)),
+            (_, Some(seeds), _) => Some(Target::Cluster(
+                urls(&seeds).map_err(|e| format!("--redis-cluster: {e}"))?,
+            )),
+            (_, _, Some(sentinels)) => Some(Target::Sentinel {
+                sentinels: urls(&sentinels).map_err(|e| format!("--redis-sentinel: {e}"))?,
+                master: self.redis_sentinel_master,
+            }),
+            _ => None,
+        };
+        let engine = match target {
+            Some(target) => Engine::Redis {
+                target,
+                options: crate::store::redis::Options {
+                    prefix: self.redis_prefix,
+                    spread: self.shards,
+                    whole_tubes: self.one_shard_tube,
+                },
             },
             None if self.in_memory => Engine::Memory,
             None => Engine::Durable(Options {
@@ -231,7 +291,9 @@ mod tests {
         ));
         let s = settings(&["--redis", "redis://x", "-z", "2000000000"]).unwrap();
         assert_eq!(s.max_job_size, MAX_JOB_SIZE_CEILING);
-        assert!(matches!(s.engine, Engine::Redis { ref prefix, .. } if prefix == "delayq:"));
+        assert!(
+            matches!(s.engine, Engine::Redis { ref options, .. } if options.prefix == "delayq:")
+        );
         assert!(settings(&["--redis-prefix", "a{b"]).is_err());
     }
 

@@ -61,10 +61,12 @@ async fn main() -> ExitCode {
                 Err(why) => Err(why),
             }
         }
-        Engine::Redis { url, prefix } => match RedisStore::connect(url, prefix).await {
-            Ok(store) => serve(listener, store, config, control).await,
-            Err(e) => Err(format!("cannot connect to Redis: {e}")),
-        },
+        Engine::Redis { target, options } => {
+            match RedisStore::open(target.clone(), options.clone()).await {
+                Ok(store) => serve(listener, store, config, control).await,
+                Err(e) => Err(format!("cannot connect to Redis: {e}")),
+            }
+        }
     };
     match served {
         Ok(()) => {

@@ -2,22 +2,39 @@
 -- concurrent commands of many connections share one round trip and one
 -- function call, then finishes the call. `allowed` names the operations a
 -- function may run (its flags suit them).
--- Arguments: prefix, how many of the operations are puts, then for each
+-- Arguments: prefix, how many of the operations are puts, the call's mode
+-- (below), then for each
 -- operation its name and its arguments (ARITY says how many).
 -- Returns one result per operation, in order; an operation that failed
 -- gives an error in its place and does not stop the others: they came from
 -- other clients.
 local ARITY = {
   put = 6, reserve = 2, reserve_job = 2, give_back = 2, delete = 3, release = 4,
-  bury = 3, touch = 2, kick = 3, kick_job = 1, pause_tube = 2, release_all = 2,
+  bury = 3, touch = 2, kick = 3, kick_job = 1, pause_tube = 3, release_all = 2,
   tick = 2, tube_ref = 4, peek = 2, stats_job = 1, stats_tube = 1, stats = 0,
-  list_tubes = 0,
+  list_tubes = 0, inventory = 0, live = 0, pauses = 0,
 }
+
+-- How long a sharded call's reply is kept under its token, in ms: longer
+-- than a cluster client goes on retrying a call (delayq gives up on a call
+-- after 2 s).
+local REPLY_KEPT_MS = 5000
 
 local function dispatcher(allowed)
   return function(_, args)
-    begin(args[1], tonumber(args[2]))
-    local i, n = 3, #args
+    -- args[3]: '' on one Redis; on a shard of a cluster 's:' and the call's
+    -- token. The cluster client sends a call again when its reply was lost
+    -- (a timeout, a dropped connection), so a call may arrive twice: the
+    -- second time it changes nothing and returns the first reply.
+    local token = string.match(args[3], '^s:(.+)$')
+    begin(args[1], tonumber(args[2]), token ~= nil)
+    local done
+    if token ~= nil then
+      done = P .. 'call:' .. token
+      local first = redis.call('GET', done)
+      if first then return cmsgpack.unpack(first) end
+    end
+    local i, n = 4, #args
     local out = {}
     while i <= n do
       local name = args[i]
@@ -38,6 +55,7 @@ local function dispatcher(allowed)
       i = i + 1 + argc
     end
     finish()
+    if done ~= nil then redis.call('SET', done, cmsgpack.pack(out), 'PX', REPLY_KEPT_MS) end
     return out
   end
 end

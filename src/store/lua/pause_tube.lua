@@ -1,8 +1,11 @@
 -- pause-tube: hold back a tube's jobs for `delay` ms (0 resumes it).
--- Args: tube, delay ms
+-- Args: tube, delay ms, '1' if the caller knows the tube exists elsewhere
+-- (on a cluster, pauses are kept in the control slot, and a tube may
+-- exist only by its jobs in the shards)
 -- Returns 1, or 0 if the tube does not exist.
-OPS.pause_tube = function(tube, delay)
+OPS.pause_tube = function(tube, delay, exists)
   delay = tonumber(delay)
+  if exists == '1' then ensure_tube(tube) end
   if not redis.call('ZSCORE', P .. 'tubes', tube) then return 0 end
   local t = tube_key('tube', tube)
   count(t, 'cmd-pause-tube', 1)

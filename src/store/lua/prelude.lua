@@ -141,6 +141,30 @@ local function others()
   return shared
 end
 
+-- Whether this call runs on one shard of a cluster (the caller says). A
+-- shard is ticked by one process, and any process may be waiting for its
+-- jobs, so its news goes out on the shard's own channel by SPUBLISH, which
+-- stays inside the shard's slot, whether or not another process listens.
+local SHARDED = false
+local function tell(message)
+  if SHARDED then
+    redis.call('SPUBLISH', P .. 'events', message)
+  elseif others() then
+    redis.call('PUBLISH', P .. 'events', message)
+  end
+end
+
+-- A due time `at` (ms) was created in a shard: the process that ticks the
+-- shard hears of it if it is earlier than the shard's wake time, which that
+-- process's tick sets to the earliest thing it found pending.
+local function wake_by(at)
+  local wake = tonumber(redis.call('GET', P .. 'wake') or -1)
+  if wake < 0 or at < wake then
+    redis.call('SET', P .. 'wake', at)
+    redis.call('SPUBLISH', P .. 'events', 'due:' .. math.max(at - now_ms(), 0))
+  end
+end
+
 -- Tubes that got ready jobs during this call, each announced once on
 -- P.."events" so that every other delayq process serves its waiting
 -- connections.
@@ -148,7 +172,7 @@ local announced = {}
 local function announce(tube)
   if not announced[tube] then
     announced[tube] = true
-    if others() then redis.call('PUBLISH', P .. 'events', tube) end
+    tell(tube)
   end
 end
 
@@ -325,15 +349,18 @@ local function link(key, job, state, at)
     local bucket, second = bucket_of(tube, at)
     redis.call('SADD', bucket, bucket_member(key, at))
     redis.call('ZADD', tube_key('delayed', tube), second, second)
-    if redis.call('ZADD', P .. 'due', 'LT', 'CH', at, tube) == 1 and others() then
+    if redis.call('ZADD', P .. 'due', 'LT', 'CH', at, tube) == 1 then
       -- An earlier due time than the timers knew of: tell every process
       -- how long from now (no tube name contains ':').
-      redis.call('PUBLISH', P .. 'events', 'due:' .. math.max(at - now_ms(), 0))
+      if SHARDED then wake_by(at) elseif others() then tell('due:' .. math.max(at - now_ms(), 0)) end
     end
     count(tube_key('tube', tube), 'delayed', 1)
   elseif state == 'reserved' then
     redis.call('ZADD', P .. 'reserved', at, key)
     count(tube_key('tube', tube), 'reserved', 1)
+    -- On one Redis every process ticks the one key space; a shard is
+    -- ticked by one process only, which must hear of the new deadline.
+    if SHARDED then wake_by(at) end
   elseif state == 'buried' then
     redis.call('ZADD', tube_key('buried', tube), at, key)
   end
@@ -359,8 +386,8 @@ local function is_held(job, owner) return job[STATE] == 'reserved' and job[OWNER
 
 -- Starts a call: a library's locals outlive calls, so every piece of
 -- per-call state is reset here.
-local function begin(prefix, puts)
-  P, PUTS = prefix, puts or 0
+local function begin(prefix, puts, sharded)
+  P, PUTS, SHARDED = prefix, puts or 0, sharded
   clock, clock_up, pending, seq_next, seq_last, shared = nil, nil, {}, nil, nil, nil
   announced, known, pause_until, beat, unused = {}, {}, {}, false, {}
 end

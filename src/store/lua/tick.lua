@@ -77,7 +77,9 @@ end
 
 OPS.tick = function(batch, process)
   local now, budget = now_ms(), tonumber(batch)
-  heartbeat(process)
+  -- A shard of a cluster is ticked without a process: the processes mark
+  -- themselves alive in the cluster's control slot instead.
+  if process ~= '' then heartbeat(process) end
 
   for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)) do
     budget = move_due(tube, now, budget)
@@ -109,6 +111,11 @@ OPS.tick = function(batch, process)
       local at = tonumber(first[2])
       if next_at < 0 or at < next_at then next_at = at end
     end
+  end
+  if SHARDED then
+    -- What this tick found pending is what the process ticking the shard
+    -- waits for: an earlier due time created later is announced.
+    if next_at < 0 then redis.call('DEL', P .. 'wake') else redis.call('SET', P .. 'wake', next_at) end
   end
   if next_at < 0 then return ticked(-1) end
   return ticked(math.max(next_at * 1000 - clock_us, 0))

@@ -5,21 +5,24 @@
 //! commands share one round trip and one function call, while a lone command
 //! waits for nothing. Calls are pipelined on the one multiplexed connection.
 //!
-//! A call is `FCALL <function> 1 <P>jobs <P> <puts> <op> <args>...`: the
-//! number of puts it holds, then each operation's name and its arguments
+//! A call is `FCALL <function> 1 <P>jobs <P> <puts> <mode> <op> <args>...`:
+//! the number of puts it holds, the mode (empty on one Redis; on a cluster
+//! `s:` and a token no other call has, so that a call the cluster client
+//! sends twice runs once), then each operation's name and its arguments
 //! (each operation has a fixed number; see `lua/batch.lua`).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::info;
 
+use super::conn::Conn;
 use super::decode::{corrupt, fail};
 use super::library::{Function, Kind, Library};
 use crate::error::{StoreError, StoreResult};
@@ -85,40 +88,23 @@ impl Arg {
     }
 }
 
-/// Loads `library` into Redis, if it is not there already.
-pub(super) async fn load(
-    conn: &mut ConnectionManager,
-    library: &Library,
-) -> Result<(), RedisError> {
-    let loaded: Result<String, RedisError> = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library.source)
-        .query_async(conn)
-        .await;
-    match loaded {
-        Ok(_) => Ok(()),
-        // Another delayq process of this version loaded it first.
-        Err(e) if e.to_string().contains("already exists") => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 /// Sends the operations queued on `queue` until every sender is gone.
 ///
 /// Calls in flight are polled here rather than in tasks of their own, so a
 /// reply reaches the connections waiting on it without another hop through
 /// the scheduler.
 pub(super) async fn run(
-    conn: ConnectionManager,
+    conn: Conn,
     tag: String,
     process: String,
-    library: Library,
+    library: Arc<Library>,
     mut queue: mpsc::UnboundedReceiver<Op>,
 ) {
     let call = Call {
+        sharded: conn.is_cluster(),
         tag: Arc::from(tag),
         process: Arc::from(process),
-        library: Arc::new(library),
+        library,
     };
     let mut flying = FuturesUnordered::new();
     let mut ops = Vec::with_capacity(MAX_BATCH);
@@ -161,6 +147,8 @@ type Done = Vec<(oneshot::Sender<StoreResult<Value>>, StoreResult<Value>)>;
 /// What every call needs to know besides its operations.
 #[derive(Clone)]
 struct Call {
+    /// Calls go to a shard of a cluster, each with a token.
+    sharded: bool,
     tag: Arc<str>,
     process: Arc<str>,
     library: Arc<Library>,
@@ -168,7 +156,7 @@ struct Call {
 
 /// Runs `ops` in one function call; returns each one's result with its
 /// reply channel.
-async fn send(mut conn: ConnectionManager, call: Call, ops: Vec<Op>) -> Done {
+async fn send(mut conn: Conn, call: Call, ops: Vec<Op>) -> Done {
     match call.run(&mut conn, Function::Any, &ops).await {
         // Redis is over maxmemory and refused the call before it ran: the
         // puts are refused, the rest go again in the function that may run.
@@ -193,7 +181,7 @@ impl Call {
     /// One call of `function` running `ops`, in order.
     async fn run(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         function: Function,
         ops: &[Op],
     ) -> Result<Vec<Value>, RedisError> {
@@ -207,6 +195,13 @@ impl Call {
             .arg(format!("{}jobs", self.tag))
             .arg(&*self.tag)
             .arg(puts);
+        if self.sharded {
+            static CALLS: AtomicU64 = AtomicU64::new(0);
+            let n = CALLS.fetch_add(1, Ordering::Relaxed);
+            cmd.arg(format!("s:{}.{n:x}", self.process));
+        } else {
+            cmd.arg("");
+        }
         let mut scratch = String::new();
         for op in ops {
             cmd.arg(op.name);
@@ -217,9 +212,11 @@ impl Call {
         let result = cmd.query_async(conn).await;
         if matches!(&result, Err(e) if e.to_string().contains("Function not found")) {
             // Redis lost the library (a restart without persistence, or a
-            // FUNCTION FLUSH); the call did not run, so it is safe to repeat.
+            // FUNCTION FLUSH), or this is a primary that never had it (one
+            // added to a cluster, or a replica promoted before the library
+            // reached it); the call did not run, so it is safe to repeat.
             info!("loading delayq's function library into Redis");
-            load(conn, &self.library).await?;
+            conn.load(&self.library.source).await?;
             return cmd.query_async(conn).await;
         }
         result

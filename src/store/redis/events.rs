@@ -3,16 +3,37 @@
 //! tubes that got ready jobs and due times earlier than any known, so that a
 //! job made ready by one process reaches a worker blocked on another.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use redis::RedisError;
+use redis::cluster::ClusterClient;
+use redis::{PushKind, RedisError, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::conn::{CALL_TIMEOUT, Followed};
+use super::shards::{SHARDS, Sharding};
 use crate::names::{Tube, parse_u64};
 use crate::store::StoreEvent;
+
+/// Where the events channel is.
+pub(super) enum Source {
+    /// One Redis server.
+    Client(Box<redis::Client>),
+    /// The primary Sentinel names, asked again at every reconnection.
+    Sentinel(Followed),
+}
+
+impl Source {
+    async fn client(&self) -> Result<redis::Client, RedisError> {
+        match self {
+            Source::Client(c) => Ok((**c).clone()),
+            Source::Sentinel(f) => f.primary().await,
+        }
+    }
+}
 
 /// How often the listener retries while Redis is unreachable.
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
@@ -29,7 +50,7 @@ fn event(payload: &[u8]) -> Option<StoreEvent> {
 /// (re)connection first sends [`StoreEvent::Resync`], since announcements
 /// may have been missed while away.
 pub(super) async fn listen(
-    client: redis::Client,
+    source: Source,
     channel: String,
     tx: mpsc::Sender<StoreEvent>,
     stop: CancellationToken,
@@ -37,7 +58,7 @@ pub(super) async fn listen(
     let mut connected_before = false;
     loop {
         let session = async {
-            let mut pubsub = client.get_async_pubsub().await?;
+            let mut pubsub = source.client().await?.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             if connected_before {
                 info!("Redis events channel back");
@@ -55,6 +76,92 @@ pub(super) async fn listen(
             ended = session => match ended {
                 Ok(()) => warn!("Redis events channel closed; reconnecting"),
                 Err(e) => warn!(error = %e, "Redis events channel unavailable; retrying"),
+            },
+            () = stop.cancelled() => return,
+        }
+        connected_before = true;
+        tokio::select! {
+            () = tokio::time::sleep(RECONNECT_DELAY) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Listens to every shard's channel of a cluster until `stop` (sharded
+/// pub/sub: each channel lives on its shard's primary, and the cluster
+/// client subscribes again after reconnections and failovers). A shard's
+/// news also goes into `sharding`: where ready jobs are, when it is due.
+/// After a disconnection every shard's news may have been missed, so the
+/// hints are rebuilt and every shard ticked ([`StoreEvent::Resync`]).
+pub(super) async fn listen_shards(
+    seeds: Vec<String>,
+    sharding: Arc<Sharding>,
+    tx: mpsc::Sender<StoreEvent>,
+    stop: CancellationToken,
+) {
+    let mut connected_before = false;
+    loop {
+        let session = async {
+            let (push, mut pushed) = mpsc::unbounded_channel();
+            let client = ClusterClient::builder(seeds.clone())
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(push)
+                .connection_timeout(CALL_TIMEOUT)
+                .response_timeout(CALL_TIMEOUT)
+                .build()?;
+            let mut conn = client.get_async_connection().await?;
+            let channels: Vec<String> = sharding.tags[..SHARDS]
+                .iter()
+                .map(|t| format!("{t}events"))
+                .collect();
+            for channel in &channels {
+                conn.ssubscribe(channel).await?;
+            }
+            if connected_before {
+                info!("Redis Cluster events channels back");
+            }
+            sharding.forget_all();
+            let _ = tx.send(StoreEvent::Resync).await;
+            while let Some(msg) = pushed.recv().await {
+                match msg.kind {
+                    PushKind::SMessage => {
+                        let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
+                            (msg.data.first(), msg.data.get(1))
+                        else {
+                            continue;
+                        };
+                        let Some(shard) = channels.iter().position(|c| c.as_bytes() == channel)
+                        else {
+                            continue;
+                        };
+                        match event(payload) {
+                            Some(StoreEvent::Ready(t)) => {
+                                sharding.hint(&t, shard);
+                                let _ = tx.send(StoreEvent::Ready(t)).await;
+                            }
+                            Some(StoreEvent::Due(after)) => {
+                                sharding.due_at(shard, Instant::now() + after);
+                                let _ = tx.send(StoreEvent::Due(after)).await;
+                            }
+                            _ => {}
+                        }
+                    }
+                    PushKind::Disconnection => {
+                        // The client subscribes again by itself; what was
+                        // said meanwhile is lost.
+                        sharding.forget_all();
+                        let _ = tx.send(StoreEvent::Resync).await;
+                    }
+                    _ => {}
+                }
+            }
+            drop(conn);
+            Ok::<(), RedisError>(())
+        };
+        tokio::select! {
+            ended = session => match ended {
+                Ok(()) => warn!("Redis Cluster events channels closed; reconnecting"),
+                Err(e) => warn!(error = %e, "Redis Cluster events channels unavailable; retrying"),
             },
             () = stop.cancelled() => return,
         }

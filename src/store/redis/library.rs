@@ -54,7 +54,9 @@ impl Kind {
                 tick,
                 tube_ref,
             ),
-            Kind::Reads => ops!(peek, stats_job, stats_tube, stats, list_tubes),
+            Kind::Reads => ops!(
+                peek, stats_job, stats_tube, stats, list_tubes, inventory, live, pauses
+            ),
         }
     }
 }

@@ -17,24 +17,31 @@
 //! clock inside the functions, so processes on different hosts agree on when
 //! a job is due.
 
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use redis::{FromRedisValue, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 mod batch;
+mod conn;
 mod connect;
 mod decode;
 mod events;
 mod library;
+mod shards;
 
+pub use conn::Target;
 pub use library::bench_call;
+pub use shards::{DEFAULT_SPREAD, SHARDS};
 
 use batch::{Arg, Op};
+use conn::Conn;
 use decode::{corrupt, fail, job_body, job_id, parse, reserved, tube};
 use library::{Kind, Library};
+use shards::Sharding;
 
 use super::{ConnId, Store, StoreEvent, Tick, TubeRef};
 use crate::error::{StoreError, StoreResult};
@@ -52,20 +59,39 @@ const TICK_BATCH: u64 = 250;
 /// (which expires after 3 s), and catches a due time another process created
 /// but could not announce.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+/// On a cluster, how often the control slot hears that this process lives
+/// (and says which others do, and which tubes are paused).
+const HEARTBEAT: Duration = Duration::from_millis(500);
 
 /// A duration as the functions take it, in whole milliseconds.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// How a Redis deployment is used beyond where it is.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Prefix of every key (it becomes the keys' hash tag).
+    pub prefix: String,
+    /// On a cluster, how many shards a tube's new jobs spread over.
+    pub spread: usize,
+    /// On a cluster, tubes kept on one shard, for strict order.
+    pub whole_tubes: Vec<String>,
+}
+
 /// The Redis storage engine.
 pub struct RedisStore {
-    /// The keys' hash tag, `{PREFIX}`.
+    /// The control slot's hash tag, `{PREFIX}` (on one Redis, every key's).
     tag: String,
     /// Distinguishes this process's connections from other processes'.
     process: String,
-    /// The operations waiting for the next call.
-    queue: mpsc::UnboundedSender<Op>,
+    /// The operations waiting for the next call: one queue per shard and
+    /// the control slot last (on one Redis, that one queue only).
+    queues: Vec<mpsc::UnboundedSender<Op>>,
+    /// On a cluster, the shards.
+    sharding: Option<Arc<Sharding>>,
+    /// When the control slot last heard from this process (cluster).
+    beat: Mutex<Option<Instant>>,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
     /// Stops the event listener when the store is dropped.
     _listener: DropGuard,
@@ -76,28 +102,88 @@ impl RedisStore {
     ///
     /// Warns loudly if Redis may evict keys, since an evicted key is a lost job.
     pub async fn connect(url: &str, prefix: &str) -> StoreResult<RedisStore> {
-        let client = redis::Client::open(url).map_err(fail)?;
-        let tag = format!("{{{prefix}}}");
-        let library = Library::new();
-        let conn = connect::connect(&client, &tag, &library).await?;
+        let options = Options {
+            prefix: prefix.to_string(),
+            spread: DEFAULT_SPREAD,
+            whole_tubes: Vec::new(),
+        };
+        RedisStore::open(Target::Single(url.to_string()), options).await
+    }
+
+    /// Connects to the deployment `target` names.
+    pub async fn open(target: Target, options: Options) -> StoreResult<RedisStore> {
+        let tag = format!("{{{}}}", options.prefix);
+        let library = Arc::new(Library::new());
         let (tx, rx) = mpsc::channel(1024);
         let stop = CancellationToken::new();
-        tokio::spawn(events::listen(
-            client,
-            format!("{tag}events"),
-            tx,
-            stop.clone(),
-        ));
         let process = format!(
             "{:016x}",
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
         );
-        let (queue, ops) = mpsc::unbounded_channel();
-        tokio::spawn(batch::run(conn, tag.clone(), process.clone(), library, ops));
+        let (conn, sharding) = match &target {
+            Target::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(fail)?;
+                let conn = connect::single(&client).await?;
+                tokio::spawn(events::listen(
+                    events::Source::Client(Box::new(client)),
+                    format!("{tag}events"),
+                    tx,
+                    stop.clone(),
+                ));
+                (conn, None)
+            }
+            Target::Sentinel { sentinels, master } => {
+                let followed = conn::Followed::new(sentinels, master).map_err(fail)?;
+                tokio::spawn(events::listen(
+                    events::Source::Sentinel(followed.clone()),
+                    format!("{tag}events"),
+                    tx,
+                    stop.clone(),
+                ));
+                (Conn::Sentinel(followed), None)
+            }
+            Target::Cluster(seeds) => {
+                let conn = connect::cluster(seeds).await?;
+                let sharding = Arc::new(Sharding::new(
+                    &options.prefix,
+                    options.spread,
+                    options.whole_tubes.clone(),
+                ));
+                tokio::spawn(events::listen_shards(
+                    seeds.clone(),
+                    sharding.clone(),
+                    tx,
+                    stop.clone(),
+                ));
+                (conn, Some(sharding))
+            }
+        };
+        let mut conn = conn;
+        connect::prepare(&mut conn, &tag, &library).await?;
+        let tags = match &sharding {
+            Some(s) => s.tags.clone(),
+            None => vec![tag.clone()],
+        };
+        let queues = tags
+            .into_iter()
+            .map(|t| {
+                let (queue, ops) = mpsc::unbounded_channel();
+                tokio::spawn(batch::run(
+                    conn.clone(),
+                    t,
+                    process.clone(),
+                    library.clone(),
+                    ops,
+                ));
+                queue
+            })
+            .collect();
         let store = RedisStore {
             tag,
             process,
-            queue,
+            queues,
+            sharding,
+            beat: Mutex::new(None),
             events: Mutex::new(Some(rx)),
             _listener: stop.drop_guard(),
         };
@@ -107,11 +193,22 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// Runs the operation `name` with `args` in the next call.
-    async fn op(&self, kind: Kind, name: &'static str, args: Vec<Arg>) -> StoreResult<Value> {
+    /// The control slot's queue (on one Redis, the only one).
+    fn control(&self) -> usize {
+        self.queues.len() - 1
+    }
+
+    /// Runs the operation `name` with `args` in the next call to `shard`.
+    async fn op_on(
+        &self,
+        shard: usize,
+        kind: Kind,
+        name: &'static str,
+        args: Vec<Arg>,
+    ) -> StoreResult<Value> {
         let (reply, result) = oneshot::channel();
         let stopped = || StoreError::Unavailable("the batch sender has stopped".into());
-        self.queue
+        self.queues[shard]
             .send(Op {
                 kind,
                 name,
@@ -122,20 +219,257 @@ impl RedisStore {
         result.await.map_err(|_| stopped())?
     }
 
+    /// Runs the operation in the control slot (on one Redis, the only one).
+    async fn op(&self, kind: Kind, name: &'static str, args: Vec<Arg>) -> StoreResult<Value> {
+        self.op_on(self.control(), kind, name, args).await
+    }
+
     /// A move of existing jobs (or any write that is not a put).
     async fn write<T: FromRedisValue>(&self, name: &'static str, args: Vec<Arg>) -> StoreResult<T> {
         parse(self.op(Kind::Moves, name, args).await?)
     }
 
-    /// A read.
-    async fn read<T: FromRedisValue>(&self, name: &'static str, args: Vec<Arg>) -> StoreResult<T> {
-        parse(self.op(Kind::Reads, name, args).await?)
+    /// Where the job `id` is: its shard (the only queue on one Redis) and
+    /// its id as that shard knows it.
+    fn locate(&self, id: &JobId) -> (usize, JobId) {
+        match &self.sharding {
+            Some(s) => s.locate(id),
+            None => (0, id.clone()),
+        }
     }
+
+    /// An id a shard returned, as clients know it.
+    fn global(&self, shard: usize, id: JobId) -> JobId {
+        match &self.sharding {
+            Some(_) => Sharding::global(shard, id),
+            None => id,
+        }
+    }
+
+    /// A move of the job `id`, in its shard: the operation's arguments are
+    /// `before`, the job's id, then `after`.
+    async fn move_job<T: FromRedisValue>(
+        &self,
+        name: &'static str,
+        before: Vec<Arg>,
+        id: &JobId,
+        after: Vec<Arg>,
+    ) -> StoreResult<(usize, T)> {
+        let (shard, local) = self.locate(id);
+        let mut args = before;
+        args.push(Arg::Id(local));
+        args.extend(after);
+        let got = self.op_on(shard, Kind::Moves, name, args).await?;
+        Ok((shard, parse(got)?))
+    }
+
+    /// Every shard's answer to a read (the control slot's too, last, with
+    /// `control`); on one Redis, the one answer.
+    async fn every<T: FromRedisValue>(
+        &self,
+        name: &'static str,
+        args: impl Fn() -> Vec<Arg>,
+        control: bool,
+    ) -> StoreResult<Vec<T>> {
+        let upto = if control || self.sharding.is_none() {
+            self.queues.len()
+        } else {
+            self.queues.len() - 1
+        };
+        let got = join_all((0..upto).map(|q| self.op_on(q, Kind::Reads, name, args()))).await;
+        got.into_iter().map(|v| parse(v?)).collect()
+    }
+
+    /// A reserved job that came from `shard`: its id as clients know it,
+    /// and its TTR's end, which the shard's ticker must know of.
+    fn reserved_from(&self, shard: usize, got: Option<Reserved>) -> Option<Reserved> {
+        let mut got = got?;
+        if let Some(s) = &self.sharding {
+            got.job.id = Sharding::global(shard, got.job.id);
+            s.due_at(shard, Instant::now() + got.ttr);
+        }
+        Some(got)
+    }
+
+    /// `tube` got a ready job in `shard`, or something due `delay` from now.
+    fn moved(&self, shard: usize, tube: &Tube, delay: Duration) {
+        if let Some(s) = &self.sharding {
+            if delay.is_zero() {
+                s.hint(tube, shard);
+            } else {
+                s.due_at(shard, Instant::now() + delay);
+            }
+        }
+    }
+
+    /// After the shards' news may have been missed: learns again which
+    /// shards have ready jobs of which tubes.
+    async fn rescan(&self, s: &Sharding) -> StoreResult<()> {
+        if !s.rescan.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            return Ok(());
+        }
+        let got = join_all(
+            (0..shards::SHARDS).map(|q| self.op_on(q, Kind::Reads, "inventory", Vec::new())),
+        )
+        .await;
+        let mut failed = None;
+        for (shard, got) in got.into_iter().enumerate() {
+            match got.and_then(parse::<Vec<String>>) {
+                Ok(tubes) => {
+                    for t in tubes {
+                        s.hint(&tube(&t)?, shard);
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            s.rescan.store(true, std::sync::atomic::Ordering::Release);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// A reserve on a cluster: the shards hints point to, one at a time, so
+    /// a reserve never wins two jobs.
+    async fn reserve_sharded(
+        &self,
+        s: &Sharding,
+        conn: ConnId,
+        tubes: &[Tube],
+    ) -> StoreResult<Option<Reserved>> {
+        self.rescan(s).await?;
+        let mut failed = None;
+        let mut answered = false;
+        for (shard, seen) in s.candidates(tubes) {
+            let names = match &seen[..] {
+                [(one, _)] => Arg::Tube(one.clone()),
+                _ => Arg::Text(
+                    seen.iter()
+                        .map(|(t, _)| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+            };
+            let got = self
+                .op_on(shard, Kind::Moves, "reserve", vec![Arg::Owner(conn), names])
+                .await
+                .and_then(|got| reserved(got, tubes));
+            match got {
+                Ok(Some(got)) => return Ok(self.reserved_from(shard, Some(got))),
+                Ok(None) => {
+                    answered = true;
+                    s.unhint(shard, &seen);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            Some(e) if !answered => Err(e),
+            _ => Ok(None),
+        }
+    }
+
+    /// The tick of a cluster: the control slot's heartbeat (at most every
+    /// [`HEARTBEAT`]), then the shards this process ticks that are due.
+    async fn tick_sharded(&self, s: &Sharding) -> StoreResult<Tick> {
+        let now = Instant::now();
+        let mut ready = Vec::new();
+        let beat_due = self
+            .beat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none_or(|last| now.duration_since(last) >= HEARTBEAT);
+        if beat_due {
+            let (tick, live, pauses) = tokio::join!(
+                self.op(
+                    Kind::Moves,
+                    "tick",
+                    vec![Arg::Int(TICK_BATCH), Arg::Text(self.process.clone())]
+                ),
+                self.op(Kind::Reads, "live", Vec::new()),
+                self.op(Kind::Reads, "pauses", Vec::new()),
+            );
+            ready.extend(ticked(tick?)?.1);
+            s.set_live(&self.process, parse(live?)?);
+            let pauses: Vec<Value> = parse(pauses?)?;
+            let mut known = Vec::new();
+            for pair in pauses.chunks(2) {
+                if let [t, left] = pair {
+                    let left: u64 = parse(left.clone())?;
+                    known.push((
+                        tube(&parse::<String>(t.clone())?)?,
+                        now + Duration::from_millis(left),
+                    ));
+                }
+            }
+            ready.extend(s.set_pauses(known));
+            *self.beat.lock().unwrap_or_else(PoisonError::into_inner) = Some(now);
+        }
+        let (due, mut next) = s.to_tick(&self.process, now);
+        let got = join_all(due.iter().map(|&shard| {
+            self.op_on(
+                shard,
+                Kind::Moves,
+                "tick",
+                vec![Arg::Int(TICK_BATCH), Arg::Static("")],
+            )
+        }))
+        .await;
+        let mut failed = None;
+        for (&shard, got) in due.iter().zip(got) {
+            match got.and_then(ticked) {
+                Ok((after, tubes)) => {
+                    let at = after.map(|d| Instant::now() + d);
+                    s.ticked(shard, at);
+                    if let Some(at) = at {
+                        next = Some(next.map_or(at, |n| n.min(at)));
+                    }
+                    for t in tubes {
+                        s.hint(&t, shard);
+                        if !ready.contains(&t) {
+                            ready.push(t);
+                        }
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        let (ended, pause_next) = s.pauses_ended(Instant::now());
+        ready.extend(ended);
+        if let Some(at) = pause_next {
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(Tick {
+            ready,
+            next: next.map(|at| at.saturating_duration_since(Instant::now())),
+        })
+    }
+}
+
+/// A tick's reply: the time until the next due time, and the tubes that
+/// got ready jobs.
+fn ticked(v: Value) -> StoreResult<(Option<Duration>, Vec<Tube>)> {
+    let v: Vec<Value> = parse(v)?;
+    let mut v = v.into_iter();
+    let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
+    let ready = v
+        .map(|t| parse::<String>(t).and_then(|t| tube(&t)))
+        .collect::<StoreResult<_>>()?;
+    Ok((u64::try_from(next).ok().map(Duration::from_micros), ready))
 }
 
 impl Store for RedisStore {
     async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
         let name = job.id.clone();
+        let (tube_name, delay) = (job.tube.clone(), job.delay);
+        let shard = match &self.sharding {
+            Some(s) => s.shard_for_put(&job.tube, name.as_deref()),
+            None => 0,
+        };
         let args = vec![
             Arg::Tube(job.tube),
             match &job.id {
@@ -147,16 +481,21 @@ impl Store for RedisStore {
             Arg::Int(millis(job.ttr)),
             Arg::Body(job.body),
         ];
-        let got = self.op(Kind::Puts, "put", args).await?;
-        match (got, name) {
-            (Value::Int(0), Some(name)) => Ok(PutOutcome::Exists(JobId::Client(name))),
-            (Value::BulkString(_), Some(name)) => Ok(PutOutcome::Inserted(JobId::Client(name))),
-            (got @ Value::Int(_), None) => Ok(PutOutcome::Inserted(job_id(got)?)),
-            _ => Err(corrupt("put")),
-        }
+        let got = self.op_on(shard, Kind::Puts, "put", args).await?;
+        let outcome = match (got, name) {
+            (Value::Int(0), Some(name)) => return Ok(PutOutcome::Exists(JobId::Client(name))),
+            (Value::BulkString(_), Some(name)) => PutOutcome::Inserted(JobId::Client(name)),
+            (got @ Value::Int(_), None) => PutOutcome::Inserted(self.global(shard, job_id(got)?)),
+            _ => return Err(corrupt("put")),
+        };
+        self.moved(shard, &tube_name, delay);
+        Ok(outcome)
     }
 
     async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
+        if let Some(s) = &self.sharding {
+            return self.reserve_sharded(s, conn, tubes).await;
+        }
         let names = match tubes {
             [one] => Arg::Tube(one.clone()),
             _ => Arg::Text(tubes.iter().map(Tube::as_str).collect::<Vec<_>>().join(" ")),
@@ -168,13 +507,20 @@ impl Store for RedisStore {
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
-        let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
-        reserved(self.op(Kind::Moves, "reserve_job", args).await?, &[])
+        let (shard, local) = self.locate(id);
+        let args = vec![Arg::Owner(conn), Arg::Id(local)];
+        let got = self.op_on(shard, Kind::Moves, "reserve_job", args).await?;
+        Ok(self.reserved_from(shard, reserved(got, &[])?))
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
-        let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
-        self.write::<i64>("give_back", args).await.map(drop)
+        let (shard, t): (usize, Option<String>) = self
+            .move_job("give_back", vec![Arg::Owner(conn)], id, Vec::new())
+            .await?;
+        if let Some(t) = t {
+            self.moved(shard, &tube(&t)?, Duration::ZERO);
+        }
+        Ok(())
     }
 
     async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
@@ -192,37 +538,55 @@ impl Store for RedisStore {
         pri: u32,
         delay: Duration,
     ) -> StoreResult<Option<Tube>> {
-        let args = vec![
-            Arg::Owner(conn),
-            Arg::Id(id.clone()),
-            Arg::Int(pri.into()),
-            Arg::Int(millis(delay)),
-        ];
-        let t: Option<String> = self.write("release", args).await?;
-        t.as_deref().map(tube).transpose()
+        let after = vec![Arg::Int(pri.into()), Arg::Int(millis(delay))];
+        let (shard, t): (usize, Option<String>) = self
+            .move_job("release", vec![Arg::Owner(conn)], id, after)
+            .await?;
+        let t = t.as_deref().map(tube).transpose()?;
+        if let Some(t) = &t {
+            self.moved(shard, t, delay);
+        }
+        Ok(t)
     }
 
     async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
-        let args = vec![Arg::Owner(conn), Arg::Id(id.clone()), Arg::Int(pri.into())];
-        let n: i64 = self.write("bury", args).await?;
+        let after = vec![Arg::Int(pri.into())];
+        let (_, n): (usize, i64) = self
+            .move_job("bury", vec![Arg::Owner(conn)], id, after)
+            .await?;
         Ok(n == 1)
     }
 
     async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
-        let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
-        let ttr: Option<u64> = self.write("touch", args).await?;
-        Ok(ttr.map(Duration::from_millis))
+        let (shard, ttr): (usize, Option<u64>) = self
+            .move_job("touch", vec![Arg::Owner(conn)], id, Vec::new())
+            .await?;
+        let ttr = ttr.map(Duration::from_millis);
+        if let (Some(s), Some(ttr)) = (&self.sharding, ttr) {
+            s.due_at(shard, Instant::now() + ttr);
+        }
+        Ok(ttr)
     }
 
     async fn kick(&self, t: &Tube, bound: u64) -> StoreResult<u64> {
-        let (mut kicked, mut kind) = (0, String::new());
-        while kicked < bound {
-            let batch = (bound - kicked).min(BATCH);
-            let args = vec![Arg::Tube(t.clone()), Arg::Int(batch), Arg::Text(kind)];
-            let (n, k): (u64, String) = self.write("kick", args).await?;
-            kicked += n;
-            kind = k;
-            if n < batch {
+        if self.sharding.is_none() {
+            return self.kick_in(0, t, bound, "").await.map(|(n, _)| n);
+        }
+        // Buried jobs of every shard first, in shard order, then, if there
+        // were none anywhere, delayed ones.
+        let mut kicked = 0;
+        for kind in ["buried", "delayed"] {
+            for shard in 0..SHARDS {
+                if kicked >= bound {
+                    break;
+                }
+                let (n, _) = self.kick_in(shard, t, bound - kicked, kind).await?;
+                if n > 0 {
+                    kicked += n;
+                    self.moved(shard, t, Duration::ZERO);
+                }
+            }
+            if kicked > 0 {
                 break;
             }
         }
@@ -230,71 +594,147 @@ impl Store for RedisStore {
     }
 
     async fn kick_job(&self, id: &JobId) -> StoreResult<Option<Tube>> {
-        let t: Option<String> = self.write("kick_job", vec![Arg::Id(id.clone())]).await?;
-        t.as_deref().map(tube).transpose()
+        let (shard, t): (usize, Option<String>) = self
+            .move_job("kick_job", Vec::new(), id, Vec::new())
+            .await?;
+        let t = t.as_deref().map(tube).transpose()?;
+        if let Some(t) = &t {
+            self.moved(shard, t, Duration::ZERO);
+        }
+        Ok(t)
     }
 
     async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
-        self.peek_by("id", Arg::Id(id.clone()), &[]).await
+        let (shard, local) = self.locate(id);
+        self.peek_in(shard, "id", Arg::Id(local), &[]).await
     }
 
     async fn peek_ready(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        self.peek_by("ready", Arg::Tube(t.clone()), std::slice::from_ref(t))
-            .await
+        self.peek_tube("ready", t).await
     }
 
     async fn peek_delayed(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        self.peek_by("delayed", Arg::Tube(t.clone()), std::slice::from_ref(t))
-            .await
+        self.peek_tube("delayed", t).await
     }
 
     async fn peek_buried(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
-        self.peek_by("buried", Arg::Tube(t.clone()), std::slice::from_ref(t))
-            .await
+        self.peek_tube("buried", t).await
     }
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
-        let got: Option<Vec<Value>> = self.read("stats_job", vec![Arg::Id(id.clone())]).await?;
-        got.map(decode::job_stats).transpose()
+        let (shard, local) = self.locate(id);
+        let got = self
+            .op_on(shard, Kind::Reads, "stats_job", vec![Arg::Id(local)])
+            .await?;
+        let got: Option<Vec<Value>> = parse(got)?;
+        let mut stats = got.map(decode::job_stats).transpose()?;
+        if let Some(stats) = &mut stats {
+            stats.id = self.global(shard, stats.id.clone());
+        }
+        Ok(stats)
     }
 
     async fn stats_tube(&self, t: &Tube) -> StoreResult<Option<TubeStats>> {
-        let got: Option<Vec<u64>> = self.read("stats_tube", vec![Arg::Tube(t.clone())]).await?;
-        got.map(|v| decode::tube_stats(t, v)).transpose()
+        // On a cluster: the shards' counts summed; the users and the pause
+        // are the control slot's (the last answer).
+        let all: Vec<Option<Vec<u64>>> = self
+            .every("stats_tube", || vec![Arg::Tube(t.clone())], true)
+            .await?;
+        let mut sum: Option<Vec<u64>> = None;
+        for v in all.into_iter().flatten() {
+            match &mut sum {
+                None => sum = Some(v),
+                Some(sum) => {
+                    for (i, (a, b)) in sum.iter_mut().zip(v).enumerate() {
+                        *a = if i >= 10 { (*a).max(b) } else { *a + b };
+                    }
+                }
+            }
+        }
+        sum.map(|v| decode::tube_stats(t, v)).transpose()
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {
-        decode::store_stats(self.read("stats", Vec::new()).await?)
+        let all: Vec<Vec<u64>> = self.every("stats", Vec::new, true).await?;
+        let mut sum = vec![0u64; 8];
+        for v in all {
+            for (a, b) in sum.iter_mut().zip(v) {
+                *a += b;
+            }
+        }
+        if self.sharding.is_some() {
+            sum[7] = self.list_tubes().await?.len() as u64;
+        }
+        decode::store_stats(sum)
     }
 
     async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
-        let names: Vec<String> = self.read("list_tubes", Vec::new()).await?;
-        names.iter().map(|n| tube(n)).collect()
+        // On a cluster, the control slot's tubes first (it is asked last),
+        // then those only the shards know, in shard order.
+        let mut all: Vec<Vec<String>> = self.every("list_tubes", Vec::new, true).await?;
+        all.rotate_right(1);
+        let mut out: Vec<Tube> = Vec::new();
+        for name in all.into_iter().flatten() {
+            let t = tube(&name)?;
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        Ok(out)
     }
 
     async fn pause_tube(&self, t: &Tube, delay: Duration) -> StoreResult<bool> {
-        let args = vec![Arg::Tube(t.clone()), Arg::Int(millis(delay))];
+        let Some(s) = &self.sharding else {
+            let args = vec![
+                Arg::Tube(t.clone()),
+                Arg::Int(millis(delay)),
+                Arg::Static(""),
+            ];
+            let n: i64 = self.write("pause_tube", args).await?;
+            return Ok(n == 1);
+        };
+        // Pauses are kept in the control slot; a tube may exist there only
+        // by its jobs in the shards.
+        let exists = self.list_tubes().await?.contains(t);
+        if !exists {
+            return Ok(false);
+        }
+        let args = vec![
+            Arg::Tube(t.clone()),
+            Arg::Int(millis(delay)),
+            Arg::Static("1"),
+        ];
         let n: i64 = self.write("pause_tube", args).await?;
+        s.pause(t, (!delay.is_zero()).then(|| Instant::now() + delay));
         Ok(n == 1)
     }
 
     async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
+        let mut by_shard: Vec<Vec<JobId>> = vec![Vec::new(); self.queues.len()];
+        for id in held {
+            let (shard, local) = self.locate(id);
+            by_shard[shard].push(local);
+        }
         let mut tubes = Vec::new();
-        for chunk in held.chunks(BATCH as usize) {
-            let ids = chunk
-                .iter()
-                .map(|id| match id {
-                    JobId::Server(n) => format!("#{n:012x}"),
-                    JobId::Client(name) => name.to_string(),
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
-            let args = vec![Arg::Owner(conn), Arg::Text(ids)];
-            let got: Vec<String> = self.write("release_all", args).await?;
-            for t in got {
-                let t = tube(&t)?;
-                if !tubes.contains(&t) {
-                    tubes.push(t);
+        for (shard, ids) in by_shard.iter().enumerate() {
+            for chunk in ids.chunks(BATCH as usize) {
+                let ids = chunk
+                    .iter()
+                    .map(|id| match id {
+                        JobId::Server(n) => format!("#{n:012x}"),
+                        JobId::Client(name) => name.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let args = vec![Arg::Owner(conn), Arg::Text(ids)];
+                let got = self.op_on(shard, Kind::Moves, "release_all", args).await?;
+                let got: Vec<String> = parse(got)?;
+                for t in got {
+                    let t = tube(&t)?;
+                    self.moved(shard, &t, Duration::ZERO);
+                    if !tubes.contains(&t) {
+                        tubes.push(t);
+                    }
                 }
             }
         }
@@ -302,17 +742,12 @@ impl Store for RedisStore {
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
+        if let Some(s) = &self.sharding {
+            return self.tick_sharded(s).await;
+        }
         let args = vec![Arg::Int(TICK_BATCH), Arg::Text(self.process.clone())];
-        let v: Vec<Value> = self.write("tick", args).await?;
-        let mut v = v.into_iter();
-        let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
-        let ready = v
-            .map(|t| parse::<String>(t).and_then(|t| tube(&t)))
-            .collect::<StoreResult<_>>()?;
-        Ok(Tick {
-            ready,
-            next: u64::try_from(next).ok().map(Duration::from_micros),
-        })
+        let (next, ready) = ticked(self.op(Kind::Moves, "tick", args).await?)?;
+        Ok(Tick { ready, next })
     }
 
     async fn attach(&self, t: &Tube, how: TubeRef) -> StoreResult<()> {
@@ -332,30 +767,114 @@ impl Store for RedisStore {
     }
 
     fn describe(&self) -> String {
-        format!("Redis, keys under {}", self.tag)
+        match &self.sharding {
+            Some(_) => format!(
+                "Redis Cluster, {SHARDS} shards, control keys under {}",
+                self.tag
+            ),
+            None => format!("Redis, keys under {}", self.tag),
+        }
     }
 }
 
 impl RedisStore {
     /// `delete` or `finish` (`mode`), one script with the rule as argument.
     async fn remove(&self, conn: ConnId, id: &JobId, mode: &'static str) -> StoreResult<bool> {
-        let args = vec![Arg::Owner(conn), Arg::Id(id.clone()), Arg::Static(mode)];
-        let n: i64 = self.write("delete", args).await?;
+        let (_, n): (usize, i64) = self
+            .move_job(
+                "delete",
+                vec![Arg::Owner(conn)],
+                id,
+                vec![Arg::Static(mode)],
+            )
+            .await?;
         Ok(n == 1)
     }
 
-    /// `peek` by id (`mode` "id") or the first job of a tube's state index;
-    /// `known` are tubes the job may be in.
-    async fn peek_by(
+    /// One kick call in `shard`: up to `bound` (at most [`BATCH`] a call)
+    /// jobs of `kind` ('' to let the shard choose); returns how many, and
+    /// the kind.
+    async fn kick_in(
         &self,
+        shard: usize,
+        t: &Tube,
+        bound: u64,
+        kind: &str,
+    ) -> StoreResult<(u64, String)> {
+        let (mut kicked, mut kind) = (0, kind.to_string());
+        while kicked < bound {
+            let batch = (bound - kicked).min(BATCH);
+            let args = vec![Arg::Tube(t.clone()), Arg::Int(batch), Arg::Text(kind)];
+            let got = self.op_on(shard, Kind::Moves, "kick", args).await?;
+            let (n, k): (u64, String) = parse(got)?;
+            kicked += n;
+            kind = k;
+            if n < batch {
+                break;
+            }
+        }
+        Ok((kicked, kind))
+    }
+
+    /// `peek` in `shard`, by id (`mode` "id") or the first job of a tube's
+    /// state index; `known` are tubes the job may be in.
+    async fn peek_in(
+        &self,
+        shard: usize,
         mode: &'static str,
         arg: Arg,
         known: &[Tube],
     ) -> StoreResult<Option<JobBody>> {
         let got = self
-            .op(Kind::Reads, "peek", vec![Arg::Static(mode), arg])
+            .op_on(shard, Kind::Reads, "peek", vec![Arg::Static(mode), arg])
             .await?;
-        Ok(job_body(got, known)?.map(|(job, _)| job))
+        let mut job = job_body(got, known)?.map(|(job, _)| job);
+        if let Some(job) = &mut job {
+            job.id = self.global(shard, job.id.clone());
+        }
+        Ok(job)
+    }
+
+    /// The first job of `tube` in the state index `mode`. On a cluster each
+    /// shard's first is a candidate: the most urgent ready one (then the
+    /// lowest id), the delayed one due soonest, and the buried one of the
+    /// first shard that has any, which is the one `kick` takes first.
+    async fn peek_tube(&self, mode: &'static str, t: &Tube) -> StoreResult<Option<JobBody>> {
+        let known = std::slice::from_ref(t);
+        if self.sharding.is_none() {
+            return self.peek_in(0, mode, Arg::Tube(t.clone()), known).await;
+        }
+        let firsts = join_all(
+            (0..SHARDS).map(|shard| self.peek_in(shard, mode, Arg::Tube(t.clone()), known)),
+        )
+        .await;
+        let firsts: Vec<JobBody> = firsts
+            .into_iter()
+            .collect::<StoreResult<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        if mode == "buried" || firsts.len() <= 1 {
+            return Ok(firsts.into_iter().next());
+        }
+        let stats = join_all(firsts.iter().map(|j| self.stats_job(&j.id))).await;
+        let mut best: Option<(u64, u64, JobBody)> = None;
+        for (job, stats) in firsts.into_iter().zip(stats) {
+            let Some(stats) = stats? else { continue };
+            let rank = if mode == "ready" {
+                u64::from(stats.pri)
+            } else {
+                millis(stats.time_left)
+            };
+            let id = match &job.id {
+                JobId::Server(n) => *n,
+                JobId::Client(_) => u64::MAX,
+            };
+            if best.as_ref().is_none_or(|(r, i, _)| (rank, id) < (*r, *i)) {
+                best = Some((rank, id, job));
+            }
+        }
+        Ok(best.map(|(_, _, job)| job))
     }
 
     async fn tube_ref(&self, t: &Tube, how: TubeRef, delta: i64) -> StoreResult<()> {

@@ -1,0 +1,201 @@
+//! The connection every call shares, to whichever Redis the deployment runs:
+//! one server, a cluster (the redis crate's cluster client routes each call
+//! to its slot's primary and follows redirects and failovers), or a primary
+//! found through Sentinel (asked again whenever the one in use fails, so a
+//! failover is followed without a restart).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::sentinel::SentinelClient;
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+/// How long a Redis call may take before it fails with `INTERNAL_ERROR`.
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where the jobs are: what the command line named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One Redis server, by URL.
+    Single(String),
+    /// A Redis Cluster, by the URLs of some of its nodes (seeds).
+    Cluster(Vec<String>),
+    /// The primary that Sentinel names `master`, asked of these sentinels.
+    Sentinel {
+        /// The sentinels' URLs.
+        sentinels: Vec<String>,
+        /// The name the sentinels monitor the primary under.
+        master: String,
+    },
+}
+
+/// A shared, cheaply cloned connection to the deployment.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(Followed),
+}
+
+impl Conn {
+    /// Whether calls go to shards of a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+
+    /// Sends `FUNCTION LOAD` of `source`: on a cluster to every primary
+    /// (functions are not shared between shards; replicas get them by
+    /// replication), replacing what is there, which is safe because the
+    /// library's name carries a hash of its source.
+    pub async fn load(&mut self, source: &str) -> RedisResult<()> {
+        match self {
+            Conn::Cluster(c) => {
+                let mut cmd = redis::cmd("FUNCTION");
+                cmd.arg("LOAD").arg("REPLACE").arg(source);
+                let all = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                c.route_command(cmd, all).await.map(drop)
+            }
+            other => {
+                let loaded: RedisResult<String> = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg(source)
+                    .query_async(other)
+                    .await;
+                match loaded {
+                    Ok(_) => Ok(()),
+                    // Another delayq process of this version loaded it first.
+                    Err(e) if e.to_string().contains("already exists") => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => Box::pin(c.command(cmd)),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => Box::pin(c.commands(pipeline, offset, count)),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(_) => 0,
+        }
+    }
+}
+
+/// The primary Sentinel names, followed: a connection to it is kept while
+/// it works; once a call fails in a way a failover causes (the connection
+/// dropped or refused, a timeout, `READONLY` from a primary turned replica),
+/// the next call asks the sentinels again.
+#[derive(Clone)]
+pub(super) struct Followed {
+    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+    current: Arc<Mutex<Option<MultiplexedConnection>>>,
+}
+
+/// Whether `e` means the connection in use may no longer reach the primary.
+fn lost_primary(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.code() == Some("READONLY")
+}
+
+impl Followed {
+    /// Asks `sentinels` for the primary they call `master`.
+    pub fn new(sentinels: &[String], master: &str) -> RedisResult<Followed> {
+        let client = SentinelClient::build(
+            sentinels.to_vec(),
+            master,
+            None,
+            redis::sentinel::SentinelServerType::Master,
+        )?;
+        Ok(Followed {
+            sentinel: Arc::new(tokio::sync::Mutex::new(client)),
+            current: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// A client for the primary the sentinels name now.
+    pub async fn primary(&self) -> RedisResult<redis::Client> {
+        self.sentinel.lock().await.async_get_client().await
+    }
+
+    async fn conn(&self) -> RedisResult<MultiplexedConnection> {
+        if let Some(c) = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(c);
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CALL_TIMEOUT))
+            .set_response_timeout(Some(CALL_TIMEOUT));
+        let conn = self
+            .primary()
+            .await?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn check<T>(&self, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result
+            && lost_primary(e)
+        {
+            *self.current.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        result
+    }
+
+    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let result = match self.conn().await {
+            Ok(mut c) => c.req_packed_command(cmd).await,
+            Err(e) => Err(e),
+        };
+        self.check(result)
+    }
+
+    async fn commands(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let result = match self.conn().await {
+            Ok(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+            Err(e) => Err(e),
+        };
+        self.check(result)
+    }
+}
