@@ -101,6 +101,15 @@ pub struct Flags {
     /// changed on a running deployment: a job is always found by its id.
     #[arg(long, value_name = "N", default_value_t = crate::store::redis::DEFAULT_SPREAD, requires = "redis_cluster")]
     pub shards: usize,
+    /// Acknowledge a put only once N replicas of its Redis primary have it
+    /// (Redis's WAIT), narrowing what a failover can lose; a put they do not
+    /// confirm within --redis-wait-timeout answers INTERNAL_ERROR (the job
+    /// may still exist). 0: Redis's own asynchronous replication.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub redis_wait: u32,
+    /// How long a put waits for --redis-wait replicas, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub redis_wait_timeout: u64,
     /// On a Redis Cluster, keep this tube's jobs on one shard, so its order
     /// and priorities hold across all its jobs (repeatable).
     #[arg(long, value_name = "TUBE", requires = "redis_cluster")]
@@ -205,6 +214,8 @@ impl Flags {
                     prefix: self.redis_prefix,
                     spread: self.shards,
                     whole_tubes: self.one_shard_tube,
+                    wait: (self.redis_wait > 0)
+                        .then_some((self.redis_wait, self.redis_wait_timeout)),
                 },
             },
             None if self.in_memory => Engine::Memory,

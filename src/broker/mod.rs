@@ -200,6 +200,10 @@ impl<S: Store> Broker<S> {
     /// A tube's figures, and how many of this process's connections wait on
     /// it.
     pub async fn stats_tube(&self, tube: &Tube) -> StoreResult<Option<(TubeStats, u64)>> {
+        // Read before the store is asked, as the connection counts are: a
+        // connection that left had stopped waiting and given its jobs back
+        // before it stopped counting, so whatever is seen gone here is seen
+        // gone in the store's figures too, however long they take.
         let waiting = self.waiters.waiting_on(tube);
         Ok(self.store.stats_tube(tube).await?.map(|s| (s, waiting)))
     }
@@ -207,6 +211,7 @@ impl<S: Store> Broker<S> {
     /// Server-wide job figures, and how many of this process's connections
     /// wait in `reserve`.
     pub async fn stats(&self) -> StoreResult<(StoreStats, u64)> {
+        // Read before the store is asked (see `stats_tube`).
         let waiting = self.waiters.total();
         Ok((self.store.stats().await?, waiting))
     }
@@ -216,16 +221,43 @@ impl<S: Store> Broker<S> {
         self.store.list_tubes().await
     }
 
-    /// Queues `conn` on `tubes`, then serves them, so that a job made ready
-    /// between the caller's failed reserve and this registration is not missed.
+    /// Queues `conn` on `tubes`. The caller then serves them
+    /// ([`Broker::serve_waiting`]), so that a job made ready between its
+    /// failed reserve and this registration is not missed.
+    pub fn register(
+        &self,
+        conn: ConnId,
+        tubes: Arc<[Tube]>,
+    ) -> (WaiterId, oneshot::Receiver<Reserved>) {
+        self.waiters.register(conn, tubes)
+    }
+
+    /// Queues `conn` on `tubes`, then serves them: [`Broker::register`] and
+    /// [`Broker::serve_waiting`] in one.
     pub async fn wait(
         &self,
         conn: ConnId,
         tubes: Arc<[Tube]>,
     ) -> (WaiterId, oneshot::Receiver<Reserved>) {
-        let registered = self.waiters.register(conn, tubes.clone());
+        let registered = self.register(conn, tubes.clone());
         self.serve(&tubes).await;
         registered
+    }
+
+    /// Hands the ready jobs of `tubes` to their waiting connections.
+    pub async fn serve_waiting(&self, tubes: &[Tube]) {
+        self.serve(tubes).await;
+    }
+
+    /// Waits for a hand-out pass under way to finish: a job it reserved
+    /// for a connection that stopped waiting meanwhile is ready again after.
+    pub async fn settle(&self) {
+        drop(self.serving.lock().await);
+    }
+
+    /// How long a command may wait on the store (see [`Store::call_limit`]).
+    pub fn call_limit(&self) -> Option<Duration> {
+        self.store.call_limit()
     }
 
     /// Stops waiting; returns `false` if the waiter was already served (a

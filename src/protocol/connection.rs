@@ -19,6 +19,7 @@ use tracing::debug;
 
 use super::codec::{Codec, Limits, Request};
 use super::command::Command;
+use super::failure::failed;
 use super::reply::{Reply, Response};
 use super::session::{Outcome, Session, Shared};
 use crate::names::Tube;
@@ -101,10 +102,14 @@ async fn answer<S: Store>(
     request: Request,
     shutdown: &CancellationToken,
 ) -> bool {
+    let limit = session.broker().call_limit();
     let outcome = match request.command {
         // Boxed: the command's future is large and short-lived, and a
         // connection blocked in `reserve` should not carry its room.
-        Ok(cmd) => Box::pin(session.handle(cmd)).await,
+        Ok(cmd) => match within(limit, Box::pin(session.handle(cmd))).await {
+            Some(outcome) => outcome,
+            None => Outcome::Reply(failed(session.id, out_of_time())),
+        },
         Err(e) => Outcome::Reply(e.into()),
     };
     let reply = match outcome {
@@ -199,7 +204,12 @@ async fn answer_puts<S: Store>(
         .into_iter()
         .filter_map(|put| put.command.ok())
         .collect();
-    let replies = session.handle_puts(commands).await;
+    let n = modes.len();
+    let limit = session.broker().call_limit();
+    let replies = match within(limit, session.handle_puts(commands)).await {
+        Some(replies) => replies,
+        None => (0..n).map(|_| failed(session.id, out_of_time())).collect(),
+    };
     for (mode, reply) in modes.into_iter().zip(replies) {
         if !feed_safe(wire, Response { mode, reply }).await {
             return false;
@@ -263,6 +273,9 @@ async fn last_chance<S: Store>(session: &mut Session<S>, tubes: &[Tube]) -> Repl
                 None
             }
         };
+        // A pass may have reserved a job for this very connection as it
+        // timed out, and be giving it back.
+        broker.settle().await;
         if let Ok(Some(got)) = broker.reserve(session.id, tubes).await {
             return session.took(got);
         }
@@ -272,6 +285,22 @@ async fn last_chance<S: Store>(session: &mut Session<S>, tubes: &[Tube]) -> Repl
         }
     }
     Reply::TimedOut
+}
+
+/// `work`'s result, or `None` if a `limit` is set and it runs out first.
+async fn within<T>(
+    limit: Option<Duration>,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, work).await.ok(),
+        None => Some(work.await),
+    }
+}
+
+/// Why a command that ran out of time failed.
+fn out_of_time() -> crate::error::StoreError {
+    crate::error::StoreError::Unavailable("the store did not answer in time".into())
 }
 
 async fn sleep_until_some(at: Option<Instant>) {
@@ -302,11 +331,19 @@ async fn wait<S: Store>(
     let soon_at = session.deadline_soon_at();
     // Boxed, as are the other passing futures here, so that what a blocked
     // connection holds while it waits is only the waiting itself.
-    let (waiter, mut rx) = Box::pin(session.broker().wait(session.id, tubes.clone())).await;
+    let limit = session.broker().call_limit();
+    let (waiter, mut rx) = session.broker().register(session.id, tubes.clone());
+    // Served within the loop, not before it: should the store hang, the
+    // timeout still ends the wait on time.
+    let shared = session.shared.clone();
+    let serving_tubes = tubes.clone();
+    let mut serving = Box::pin(async move { shared.broker.serve_waiting(&serving_tubes).await });
+    let mut served = false;
     let mut ahead = BytesMut::new();
     let give_up = loop {
         let socket = wire.get_ref();
         tokio::select! {
+            () = &mut serving, if !served => served = true,
             handed = &mut rx => {
                 wire.read_buffer_mut().extend_from_slice(&ahead);
                 // A sender is only dropped unsent if the waiter was taken
@@ -332,7 +369,8 @@ async fn wait<S: Store>(
     wire.read_buffer_mut().extend_from_slice(&ahead);
     if session.broker().stop_waiting(waiter) {
         if give_up == Some(Reply::TimedOut) {
-            return Some(Box::pin(last_chance(session, &tubes)).await);
+            let last = within(limit, Box::pin(last_chance(session, &tubes))).await;
+            return Some(last.unwrap_or(Reply::TimedOut));
         }
         return give_up;
     }

@@ -148,9 +148,10 @@ impl<S: Store> Session<S> {
                 None => Reply::NotFound,
             },
             Command::Stats => {
+                let conns = shared.stats.connections_now();
                 let (totals, waiting) = broker.stats().await?;
                 let max_job_size = shared.config.max_job_size;
-                Reply::Yaml(shared.stats.render(&totals, waiting, max_job_size))
+                Reply::Yaml(shared.stats.render(conns, &totals, waiting, max_job_size))
             }
             Command::ListTubes => Reply::Yaml(render_tubes(&broker.list_tubes().await?)),
             Command::ListTubeUsed => Reply::Using(self.used.clone()),

@@ -187,8 +187,27 @@ impl ServerStats {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// The `stats` document.
-    pub fn render(&self, store: &StoreStats, waiting: u64, max_job_size: usize) -> String {
+    /// The connection counts now, to be read before the store's figures
+    /// are asked for (see [`crate::broker::Broker::stats`]).
+    pub fn connections_now(&self) -> [u64; 4] {
+        [
+            get(&self.connections),
+            get(&self.producers),
+            get(&self.workers),
+            get(&self.total_connections),
+        ]
+    }
+
+    /// The `stats` document; `conns` is what [`ServerStats::connections_now`]
+    /// read before the store was asked.
+    pub fn render(
+        &self,
+        conns: [u64; 4],
+        store: &StoreStats,
+        waiting: u64,
+        max_job_size: usize,
+    ) -> String {
+        let [connections, producers, workers, total_connections] = conns;
         let c = &store.counts;
         let mut y = String::with_capacity(1200);
         y.push_str("---\n");
@@ -204,11 +223,11 @@ impl ServerStats {
         field(&mut y, "total-jobs", store.total_jobs);
         field(&mut y, "max-job-size", max_job_size);
         field(&mut y, "current-tubes", store.tubes);
-        field(&mut y, "current-connections", get(&self.connections));
-        field(&mut y, "current-producers", get(&self.producers));
-        field(&mut y, "current-workers", get(&self.workers));
+        field(&mut y, "current-connections", connections);
+        field(&mut y, "current-producers", producers);
+        field(&mut y, "current-workers", workers);
         field(&mut y, "current-waiting", waiting);
-        field(&mut y, "total-connections", get(&self.total_connections));
+        field(&mut y, "total-connections", total_connections);
         field(&mut y, "pid", std::process::id());
         field(
             &mut y,
@@ -392,7 +411,7 @@ mod tests {
 
     #[test]
     fn stats_has_every_beanstalkd_field() {
-        let doc = ServerStats::new(Arc::default()).render(&StoreStats::default(), 0, 65535);
+        let doc = ServerStats::new(Arc::default()).render([0; 4], &StoreStats::default(), 0, 65535);
         let keys: Vec<&str> = doc
             .lines()
             .skip(1)

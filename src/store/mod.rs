@@ -193,4 +193,13 @@ pub trait Store: Send + Sync + 'static {
     fn max_sleep(&self) -> Option<Duration> {
         None
     }
+
+    /// The longest a command may wait on this engine before it is answered
+    /// `INTERNAL_ERROR` (beyond the wait a `reserve-with-timeout` asks for),
+    /// however many calls it makes: an engine across the network sets it,
+    /// so a server that stops answering (stopped, hung, cut off) costs each
+    /// client one such wait, not one per call.
+    fn call_limit(&self) -> Option<Duration> {
+        None
+    }
 }

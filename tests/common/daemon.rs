@@ -46,9 +46,17 @@ impl Daemon {
     /// directory of its own unless `args` name one (or `--in-memory`): the
     /// default, `./delayq-data`, would be shared by every test.
     pub async fn start(args: &[&str]) -> Daemon {
-        let chosen = args
-            .iter()
-            .any(|a| ["--redis", "--in-memory", "-b", "--data-dir"].contains(a));
+        let chosen = args.iter().any(|a| {
+            [
+                "--redis",
+                "--redis-cluster",
+                "--redis-sentinel",
+                "--in-memory",
+                "-b",
+                "--data-dir",
+            ]
+            .contains(a)
+        });
         if chosen {
             return Daemon::spawn(args, None).await;
         }

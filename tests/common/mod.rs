@@ -12,9 +12,11 @@
 // Each test binary uses its own part of the harness.
 #![allow(dead_code, unused_macros)]
 
+pub mod cluster;
 pub mod daemon;
 pub mod ports;
 pub mod redis;
+pub mod sentinel;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -74,7 +76,7 @@ macro_rules! backends {
     };
 }
 
-backends!($ memory => Memory, durable => Durable, redis => Redis);
+backends!($ memory => Memory, durable => Durable, redis => Redis, cluster => Cluster);
 
 /// What a test server's engine needs kept while it runs.
 enum Keep {
@@ -132,6 +134,25 @@ impl TestServer {
                     .expect("connect to the test's redis-server");
                 let task = tokio::spawn(run(listener, store, config, control.clone()));
                 (task, Some(Keep::Redis(redis)))
+            }
+            Backend::Cluster => {
+                let seeds = tokio::task::spawn_blocking(cluster::RedisCluster::shared)
+                    .await
+                    .expect("start the shared cluster");
+                let target = delayq::store::redis::Target::Cluster(
+                    seeds.split(',').map(String::from).collect(),
+                );
+                let options = delayq::store::redis::Options {
+                    prefix: cluster::unique_prefix(),
+                    spread: delayq::store::redis::DEFAULT_SPREAD,
+                    whole_tubes: Vec::new(),
+                    wait: None,
+                };
+                let store = RedisStore::open(target, options)
+                    .await
+                    .expect("connect to the shared cluster");
+                let task = tokio::spawn(run(listener, store, config, control.clone()));
+                (task, None)
             }
         };
         TestServer {

@@ -122,7 +122,7 @@ async fn stats_fields_match_beanstalkd(backend: Backend) {
     // engine reports the size of the files it writes.
     let file_size = match backend {
         Backend::Durable => delayq::store::log::DEFAULT_FILE_SIZE,
-        Backend::Memory | Backend::Redis => 10_485_760,
+        Backend::Memory | Backend::Redis | Backend::Cluster => 10_485_760,
     };
     assert_eq!(s.num("binlog-max-size"), file_size);
     let id = s.get("id");

@@ -7,12 +7,14 @@
 -- operation its name and its arguments (ARITY says how many).
 -- Returns one result per operation, in order; an operation that failed
 -- gives an error in its place and does not stop the others: they came from
--- other clients.
+-- other clients. On a shard of a cluster the first ready jobs of the
+-- tubes the call changed follow (see `heads` in the prelude).
 local ARITY = {
   put = 6, reserve = 2, reserve_job = 2, give_back = 2, delete = 3, release = 4,
   bury = 3, touch = 2, kick = 3, kick_job = 1, pause_tube = 3, release_all = 2,
   tick = 2, tube_ref = 4, peek = 2, stats_job = 1, stats_tube = 1, stats = 0,
-  list_tubes = 0, inventory = 0, live = 0, pauses = 0,
+  list_tubes = 0, inventory = 0, live = 0, pauses = 0, firsts = 3, ids = 1,
+  forget_births = 1, forget_counts = 1,
 }
 
 -- How long a sharded call's reply is kept under its token, in ms: longer
@@ -22,12 +24,12 @@ local REPLY_KEPT_MS = 5000
 
 local function dispatcher(allowed)
   return function(_, args)
-    -- args[3]: '' on one Redis; on a shard of a cluster 's:' and the call's
-    -- token. The cluster client sends a call again when its reply was lost
+    -- args[3]: '' on one Redis; on a cluster 's:' (a shard) or 'c:' (the
+    -- control slot) and the call's token. The cluster client sends a call again when its reply was lost
     -- (a timeout, a dropped connection), so a call may arrive twice: the
     -- second time it changes nothing and returns the first reply.
-    local token = string.match(args[3], '^s:(.+)$')
-    begin(args[1], tonumber(args[2]), token ~= nil)
+    local kind, token = string.match(args[3], '^([sc]):(.+)$')
+    begin(args[1], tonumber(args[2]), token ~= nil, kind == 'c')
     local done
     if token ~= nil then
       done = P .. 'call:' .. token
@@ -54,7 +56,8 @@ local function dispatcher(allowed)
       out[#out + 1] = result
       i = i + 1 + argc
     end
-    finish()
+    local heads = finish()
+    if heads ~= nil then out[#out + 1] = heads end
     if done ~= nil then redis.call('SET', done, cmsgpack.pack(out), 'PX', REPLY_KEPT_MS) end
     return out
   end

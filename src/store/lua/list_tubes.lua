@@ -1,6 +1,20 @@
 -- list-tubes: every tube, oldest first.
 -- Args: none
--- Returns the tube names.
+-- Returns the tube names; on a cluster, each followed by when it was first
+-- seen there, to merge the lists, and whether it lives there (1) or the
+-- control slot only remembers when it was first seen (0).
 OPS.list_tubes = function()
-  return redis.call('ZRANGE', P .. 'tubes', 0, -1)
+  if not SHARDED then return redis.call('ZRANGE', P .. 'tubes', 0, -1) end
+  local got = redis.call('ZRANGE', P .. 'tubes', 0, -1, 'WITHSCORES')
+  local out = {}
+  for i = 1, #got, 2 do
+    local live = 1
+    if CONTROL and got[i] ~= 'default' then
+      local using, watching = tube_users(got[i])
+      if using + watching == 0 then live = 0 end
+    end
+    out[#out + 1], out[#out + 2], out[#out + 3] = got[i], got[i + 1], live
+  end
+  return out
 end
+

@@ -33,8 +33,22 @@
 -- How long a process counts as alive after its last tick, in ms.
 local ALIVE_MS = 3000
 
+-- How long a shard of a cluster keeps the counts of a tube it no longer
+-- holds jobs of, in ms.
+local COUNTS_KEPT_MS = 86400000
+
 -- The key prefix of the current call.
 local P
+
+-- Whether this call runs on one shard of a cluster (the caller says). A
+-- shard is ticked by one process, and any process may be waiting for its
+-- jobs, so its news goes out on the shard's own channel by SPUBLISH, which
+-- stays inside the shard's slot, whether or not another process listens.
+
+local SHARDED = false
+-- Whether this call runs on the control slot of a cluster, which keeps the
+-- tubes' users and pauses, and the time each tube was first seen.
+local CONTROL = false
 
 -- The operations this script can run, by name.
 local OPS = {}
@@ -141,11 +155,6 @@ local function others()
   return shared
 end
 
--- Whether this call runs on one shard of a cluster (the caller says). A
--- shard is ticked by one process, and any process may be waiting for its
--- jobs, so its news goes out on the shard's own channel by SPUBLISH, which
--- stays inside the shard's slot, whether or not another process listens.
-local SHARDED = false
 local function tell(message)
   if SHARDED then
     redis.call('SPUBLISH', P .. 'events', message)
@@ -172,15 +181,31 @@ local announced = {}
 local function announce(tube)
   if not announced[tube] then
     announced[tube] = true
-    tell(tube)
+    -- A shard announces its tubes when the call ends, with their first
+    -- ready job (see `finish`).
+    if not SHARDED then tell(tube) end
   end
 end
+
+-- Tubes whose ready jobs changed in this call (on a shard of a cluster):
+-- their first ready job goes back with the call's reply.
+local touched = {}
 
 local known = {}
 local function ensure_tube(tube)
   if known[tube] then return end
   if not redis.call('ZSCORE', P .. 'tubes', tube) then
-    redis.call('ZADD', P .. 'tubes', redis.call('INCR', P .. 'tube-seq'), tube)
+    -- On a cluster each shard has its own list; the lists are merged by
+    -- the time each tube was first seen, to the microsecond.
+    local score
+    if SHARDED then
+      if clock_us == nil then read_clock() end
+      score = clock_us
+    else
+      score = redis.call('INCR', P .. 'tube-seq')
+    end
+    redis.call('ZADD', P .. 'tubes', score, tube)
+    if SHARDED then redis.call('PERSIST', tube_key('tube', tube)) end
   end
   known[tube] = true
 end
@@ -239,10 +264,47 @@ local function forget_if_unused(tube)
   end
   local using, watching = tube_users(tube)
   if using > 0 or watching > 0 then return end
-  redis.call('DEL', t)
+  if CONTROL then
+    -- The tube may live on in the shards, by its jobs: the time it was
+    -- first seen stays, so it keeps its place in `list-tubes`, until a
+    -- process finds it nowhere (`forget_births`).
+    redis.call('PEXPIRE', t, COUNTS_KEPT_MS)
+    redis.call('ZREM', P .. 'pauses', tube)
+    return
+  end
+  if SHARDED then
+    -- On a cluster a tube's figures are summed over the shards, and a
+    -- shard that ran out of its jobs keeps its counts a while, in case
+    -- the tube lives on elsewhere (see `stats_tube`).
+    redis.call('PEXPIRE', t, COUNTS_KEPT_MS)
+  else
+    redis.call('DEL', t)
+  end
   redis.call('ZREM', P .. 'tubes', tube)
   redis.call('ZREM', P .. 'pauses', tube)
   redis.call('ZREM', P .. 'due', tube)
+end
+
+-- On a shard of a cluster: the first ready job (priority, key) of each
+-- tube whose ready jobs changed, as {time, tube, pri, key, ...} (pri -1:
+-- none), stamped with the call's time so a process can tell newer news
+-- from older. Processes choose among shards by these, so a reserve over
+-- many shards still takes the most urgent, oldest job. Tubes that got
+-- ready jobs are announced with theirs.
+local function heads()
+  if clock_us == nil then read_clock() end
+  local out = { clock_us }
+  for tube in pairs(touched) do
+    local first = redis.call('ZRANGE', tube_key('ready', tube), 0, 0, 'WITHSCORES')
+    local pri, key = -1, ''
+    if first[1] then pri, key = tonumber(first[2]), first[1] end
+    out[#out + 1], out[#out + 2], out[#out + 3] = tube, pri, key
+    if announced[tube] and pri >= 0 then
+      tell(string.format('h %d %s %d %s', clock_us, tube, pri, key))
+    end
+  end
+  touched = {}
+  return out
 end
 
 -- The end of every call: write the summed counters, forget the tubes left
@@ -259,6 +321,7 @@ local function finish()
   if seq_next ~= nil and seq_next <= seq_last then
     redis.call('DECRBY', P .. 'seq', seq_last - seq_next + 1)
   end
+  if SHARDED then return heads() end
 end
 
 -- The bucket of a job due at `due` ms, and its second.
@@ -317,6 +380,7 @@ local function unlink(key, job, popped)
   local tube, state = job[TUBE], job[STATE]
   if state == 'ready' then
     if not popped then redis.call('ZREM', tube_key('ready', tube), key) end
+    touched[tube] = true
     if job[PRI] < URGENT then count(tube_key('tube', tube), 'urgent', -1) end
   elseif state == 'delayed' then
     -- P.."due" may now point earlier than the tube's first job: the timer
@@ -343,6 +407,7 @@ local function link(key, job, state, at)
   job[STATE], job[AT] = state, at
   if state == 'ready' then
     redis.call('ZADD', tube_key('ready', tube), job[PRI], key)
+    touched[tube] = true
     if job[PRI] < URGENT then count(tube_key('tube', tube), 'urgent', 1) end
     announce(tube)
   elseif state == 'delayed' then
@@ -386,8 +451,8 @@ local function is_held(job, owner) return job[STATE] == 'reserved' and job[OWNER
 
 -- Starts a call: a library's locals outlive calls, so every piece of
 -- per-call state is reset here.
-local function begin(prefix, puts, sharded)
-  P, PUTS, SHARDED = prefix, puts or 0, sharded
-  clock, clock_up, pending, seq_next, seq_last, shared = nil, nil, {}, nil, nil, nil
-  announced, known, pause_until, beat, unused = {}, {}, {}, false, {}
+local function begin(prefix, puts, sharded, control)
+  P, PUTS, SHARDED, CONTROL = prefix, puts or 0, sharded, control
+  clock, clock_up, clock_us, pending, seq_next, seq_last, shared = nil, nil, nil, {}, nil, nil, nil
+  announced, known, pause_until, beat, unused, touched = {}, {}, {}, false, {}, {}
 end

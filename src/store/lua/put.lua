@@ -3,10 +3,20 @@
 -- Returns the job's id (its server id as a number, or its client id), or 0
 -- when the client id exists already.
 OPS.put = function(tube, name, pri, delay, ttr, body)
+  -- On a cluster the caller chooses the key, from the cluster-wide
+  -- sequence, so keys across shards follow the order of the puts: `name`
+  -- is '#'..key for a server id, or key..'#'..client id (no client id has
+  -- a '#').
+  local key
+  if SHARDED then
+    local at = string.find(name, '#', 1, true)
+    key, name = string.sub(name, 1, at - 1), string.sub(name, at + 1)
+    if key == '' then key, name = name, '' end
+  end
   if name ~= '' and redis.call('HEXISTS', P .. 'names', name) == 1 then return 0 end
   pri, delay, ttr = tonumber(pri), tonumber(delay), tonumber(ttr)
   local now = now_ms()
-  local key = next_key()
+  key = key or next_key()
   ensure_tube(tube)
   count(tube_key('tube', tube), 'total', 1)
   count(P .. 'totals', 'jobs', 1)

@@ -25,6 +25,7 @@ use tracing::info;
 use super::conn::Conn;
 use super::decode::{corrupt, fail};
 use super::library::{Function, Kind, Library};
+use super::shards::{SHARDS, Sharding};
 use crate::error::{StoreError, StoreResult};
 use crate::names::{JobId, Tube};
 use crate::store::ConnId;
@@ -98,10 +99,13 @@ pub(super) async fn run(
     tag: String,
     process: String,
     library: Arc<Library>,
+    shard: Option<(Arc<Sharding>, usize)>,
+    wait: Option<(u32, u64)>,
     mut queue: mpsc::UnboundedReceiver<Op>,
 ) {
     let call = Call {
-        sharded: conn.is_cluster(),
+        wait,
+        shard,
         tag: Arc::from(tag),
         process: Arc::from(process),
         library,
@@ -147,11 +151,15 @@ type Done = Vec<(oneshot::Sender<StoreResult<Value>>, StoreResult<Value>)>;
 /// What every call needs to know besides its operations.
 #[derive(Clone)]
 struct Call {
-    /// Calls go to a shard of a cluster, each with a token.
-    sharded: bool,
+    /// On a cluster, the shards (the calls carry tokens, and their replies
+    /// news of the shard) and which this one is.
+    shard: Option<(Arc<Sharding>, usize)>,
     tag: Arc<str>,
     process: Arc<str>,
     library: Arc<Library>,
+    /// `--redis-wait`: replicas that must have a call's puts before they
+    /// are answered, and how long to wait for them (ms).
+    wait: Option<(u32, u64)>,
 }
 
 /// Runs `ops` in one function call; returns each one's result with its
@@ -170,6 +178,27 @@ async fn send(mut conn: Conn, call: Call, ops: Vec<Op>) -> Done {
             if !rest.is_empty() {
                 let result = call.run(&mut conn, Function::Drain, &rest).await;
                 done.extend(answers(rest, result));
+            }
+            done
+        }
+        Ok(results) if call.wait.is_some() && ops.iter().any(|op| op.kind == Kind::Puts) => {
+            // Followed by WAIT on the primary that ran it: a put that too few replicas have may be lost in a
+            // failover, so it is not acknowledged (the job may be there).
+            let (replicas, ms) = call.wait.unwrap_or_default();
+            let acked = conn.wait(&call.tag, replicas, ms).await;
+            let short = match acked {
+                Ok(n) if n >= i64::from(replicas) => None,
+                Ok(n) => Some(format!("only {n} of {replicas} replicas have the job")),
+                Err(e) => Some(format!("WAIT failed: {e}")),
+            };
+            let puts: Vec<bool> = ops.iter().map(|op| op.kind == Kind::Puts).collect();
+            let mut done = answers(ops, Ok(results));
+            if let Some(why) = short {
+                for ((_, result), put) in done.iter_mut().zip(puts) {
+                    if put && result.is_ok() {
+                        *result = Err(StoreError::Unavailable(why.clone()));
+                    }
+                }
             }
             done
         }
@@ -195,10 +224,11 @@ impl Call {
             .arg(format!("{}jobs", self.tag))
             .arg(&*self.tag)
             .arg(puts);
-        if self.sharded {
+        if let Some((_, shard)) = &self.shard {
             static CALLS: AtomicU64 = AtomicU64::new(0);
             let n = CALLS.fetch_add(1, Ordering::Relaxed);
-            cmd.arg(format!("s:{}.{n:x}", self.process));
+            let kind = if *shard == SHARDS { 'c' } else { 's' };
+            cmd.arg(format!("{kind}:{}.{n:x}", self.process));
         } else {
             cmd.arg("");
         }
@@ -209,7 +239,7 @@ impl Call {
                 arg.write(&mut cmd, &self.process, &mut scratch);
             }
         }
-        let result = cmd.query_async(conn).await;
+        let mut result: Result<Vec<Value>, RedisError> = cmd.query_async(conn).await;
         if matches!(&result, Err(e) if e.to_string().contains("Function not found")) {
             // Redis lost the library (a restart without persistence, or a
             // FUNCTION FLUSH), or this is a primary that never had it (one
@@ -217,7 +247,16 @@ impl Call {
             // reached it); the call did not run, so it is safe to repeat.
             info!("loading delayq's function library into Redis");
             conn.load(&self.library.source).await?;
-            return cmd.query_async(conn).await;
+            result = cmd.query_async(conn).await;
+        }
+        // A shard's reply ends with the first ready jobs of the tubes the
+        // call changed: learnt here, before anyone waiting on the call
+        // hears of it, so the next reserve already knows.
+        if let (Ok(results), Some((sharding, shard))) = (&mut result, &self.shard)
+            && results.len() > ops.len()
+            && let Some(Value::Array(heads)) = results.pop()
+        {
+            sharding.heads(*shard, heads);
         }
         result
     }

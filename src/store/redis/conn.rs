@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
@@ -41,11 +43,6 @@ pub(super) enum Conn {
 }
 
 impl Conn {
-    /// Whether calls go to shards of a cluster.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self, Conn::Cluster(_))
-    }
-
     /// Sends `FUNCTION LOAD` of `source`: on a cluster to every primary
     /// (functions are not shared between shards; replicas get them by
     /// replication), replacing what is there, which is safe because the
@@ -74,6 +71,26 @@ impl Conn {
                     Err(e) => Err(e),
                 }
             }
+        }
+    }
+}
+
+impl Conn {
+    /// `WAIT replicas ms` on the primary that holds the keys under `tag`:
+    /// how many replicas have the writes made there so far.
+    pub async fn wait(&mut self, tag: &str, replicas: u32, ms: u64) -> RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(ms);
+        match self {
+            Conn::Cluster(c) => {
+                let slot = u16::try_from(super::shards::slot(tag.as_bytes())).unwrap_or(0);
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot, SlotAddr::Master),
+                ));
+                redis::from_redis_value(c.route_command(cmd, route).await?)
+                    .map_err(RedisError::from)
+            }
+            other => cmd.query_async(other).await,
         }
     }
 }

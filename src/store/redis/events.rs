@@ -87,6 +87,19 @@ pub(super) async fn listen(
     }
 }
 
+/// A shard's announcement that a tube got ready jobs, `h TIME TUBE PRI
+/// KEY`: the Redis time (µs), the tube, and its first ready job's priority
+/// and key.
+fn head(payload: &[u8]) -> Option<(u64, Tube, (u64, u64))> {
+    let text = std::str::from_utf8(payload.strip_prefix(b"h ")?).ok()?;
+    let mut words = text.split(' ');
+    let at = words.next()?.parse().ok()?;
+    let tube = Tube::parse(words.next()?.as_bytes())?;
+    let pri = words.next()?.parse().ok()?;
+    let key = u64::from_str_radix(words.next()?, 16).ok()?;
+    Some((at, tube, (pri, key)))
+}
+
 /// Listens to every shard's channel of a cluster until `stop` (sharded
 /// pub/sub: each channel lives on its shard's primary, and the cluster
 /// client subscribes again after reconnections and failovers). A shard's
@@ -134,16 +147,12 @@ pub(super) async fn listen_shards(
                         else {
                             continue;
                         };
-                        match event(payload) {
-                            Some(StoreEvent::Ready(t)) => {
-                                sharding.hint(&t, shard);
-                                let _ = tx.send(StoreEvent::Ready(t)).await;
-                            }
-                            Some(StoreEvent::Due(after)) => {
-                                sharding.due_at(shard, Instant::now() + after);
-                                let _ = tx.send(StoreEvent::Due(after)).await;
-                            }
-                            _ => {}
+                        if let Some((at, t, first)) = head(payload) {
+                            sharding.head(shard, at, &t, Some(first));
+                            let _ = tx.send(StoreEvent::Ready(t)).await;
+                        } else if let Some(StoreEvent::Due(after)) = event(payload) {
+                            sharding.due_at(shard, Instant::now() + after);
+                            let _ = tx.send(StoreEvent::Due(after)).await;
                         }
                     }
                     PushKind::Disconnection => {
@@ -188,6 +197,16 @@ mod tests {
             Some(StoreEvent::Ready(Tube::parse(b"orders").unwrap()))
         );
         assert_eq!(event(b"due:x"), None);
+        assert_eq!(
+            head(b"h 1700000000000001 orders 1024 00000000002a"),
+            Some((
+                1_700_000_000_000_001,
+                Tube::parse(b"orders").unwrap(),
+                (1024, 42)
+            ))
+        );
+        assert_eq!(head(b"h 17 orders x 2a"), None);
+        assert_eq!(head(b"orders"), None);
         assert_eq!(event(b"a:b"), None);
     }
 }

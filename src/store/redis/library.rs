@@ -53,9 +53,12 @@ impl Kind {
                 release_all,
                 tick,
                 tube_ref,
+                ids,
+                forget_births,
+                forget_counts,
             ),
             Kind::Reads => ops!(
-                peek, stats_job, stats_tube, stats, list_tubes, inventory, live, pauses
+                peek, stats_job, stats_tube, stats, list_tubes, inventory, live, pauses, firsts
             ),
         }
     }

@@ -59,6 +59,8 @@ const TICK_BATCH: u64 = 250;
 /// (which expires after 3 s), and catches a due time another process created
 /// but could not announce.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+/// Keys a process takes from the cluster-wide sequence at a time.
+const KEY_BLOCK: u64 = 256;
 /// On a cluster, how often the control slot hears that this process lives
 /// (and says which others do, and which tubes are paused).
 const HEARTBEAT: Duration = Duration::from_millis(500);
@@ -77,6 +79,10 @@ pub struct Options {
     pub spread: usize,
     /// On a cluster, tubes kept on one shard, for strict order.
     pub whole_tubes: Vec<String>,
+    /// Replicas that must have a put before it is acknowledged, and how
+    /// long to wait for them in ms (`--redis-wait`); `None`: Redis's own
+    /// asynchronous replication.
+    pub wait: Option<(u32, u64)>,
 }
 
 /// The Redis storage engine.
@@ -92,6 +98,9 @@ pub struct RedisStore {
     sharding: Option<Arc<Sharding>>,
     /// When the control slot last heard from this process (cluster).
     beat: Mutex<Option<Instant>>,
+    /// This process's block of the cluster-wide key sequence: the next key
+    /// and the end.
+    keys: tokio::sync::Mutex<(u64, u64)>,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
     /// Stops the event listener when the store is dropped.
     _listener: DropGuard,
@@ -106,6 +115,7 @@ impl RedisStore {
             prefix: prefix.to_string(),
             spread: DEFAULT_SPREAD,
             whole_tubes: Vec::new(),
+            wait: None,
         };
         RedisStore::open(Target::Single(url.to_string()), options).await
     }
@@ -166,13 +176,16 @@ impl RedisStore {
         };
         let queues = tags
             .into_iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(i, t)| {
                 let (queue, ops) = mpsc::unbounded_channel();
                 tokio::spawn(batch::run(
                     conn.clone(),
                     t,
                     process.clone(),
                     library.clone(),
+                    sharding.clone().map(|s| (s, i)),
+                    options.wait,
                     ops,
                 ));
                 queue
@@ -184,6 +197,7 @@ impl RedisStore {
             queues,
             sharding,
             beat: Mutex::new(None),
+            keys: tokio::sync::Mutex::new((0, 0)),
             events: Mutex::new(Some(rx)),
             _listener: stop.drop_guard(),
         };
@@ -229,21 +243,9 @@ impl RedisStore {
         parse(self.op(Kind::Moves, name, args).await?)
     }
 
-    /// Where the job `id` is: its shard (the only queue on one Redis) and
-    /// its id as that shard knows it.
-    fn locate(&self, id: &JobId) -> (usize, JobId) {
-        match &self.sharding {
-            Some(s) => s.locate(id),
-            None => (0, id.clone()),
-        }
-    }
-
-    /// An id a shard returned, as clients know it.
-    fn global(&self, shard: usize, id: JobId) -> JobId {
-        match &self.sharding {
-            Some(_) => Sharding::global(shard, id),
-            None => id,
-        }
+    /// The shard of the job `id` (on one Redis, the only queue).
+    fn locate(&self, id: &JobId) -> usize {
+        self.sharding.as_ref().map_or(0, |s| s.locate(id))
     }
 
     /// A move of the job `id`, in its shard: the operation's arguments are
@@ -255,9 +257,9 @@ impl RedisStore {
         id: &JobId,
         after: Vec<Arg>,
     ) -> StoreResult<(usize, T)> {
-        let (shard, local) = self.locate(id);
+        let shard = self.locate(id);
         let mut args = before;
-        args.push(Arg::Id(local));
+        args.push(Arg::Id(id.clone()));
         args.extend(after);
         let got = self.op_on(shard, Kind::Moves, name, args).await?;
         Ok((shard, parse(got)?))
@@ -280,25 +282,22 @@ impl RedisStore {
         got.into_iter().map(|v| parse(v?)).collect()
     }
 
-    /// A reserved job that came from `shard`: its id as clients know it,
-    /// and its TTR's end, which the shard's ticker must know of.
+    /// A reserved job that came from `shard`: its TTR's end is due there.
     fn reserved_from(&self, shard: usize, got: Option<Reserved>) -> Option<Reserved> {
-        let mut got = got?;
+        let got = got?;
         if let Some(s) = &self.sharding {
-            got.job.id = Sharding::global(shard, got.job.id);
             s.due_at(shard, Instant::now() + got.ttr);
         }
         Some(got)
     }
 
-    /// `tube` got a ready job in `shard`, or something due `delay` from now.
-    fn moved(&self, shard: usize, tube: &Tube, delay: Duration) {
-        if let Some(s) = &self.sharding {
-            if delay.is_zero() {
-                s.hint(tube, shard);
-            } else {
-                s.due_at(shard, Instant::now() + delay);
-            }
+    /// `shard` got something due `delay` from now (ready jobs are told by
+    /// the call's own reply).
+    fn due_in(&self, shard: usize, delay: Duration) {
+        if let Some(s) = &self.sharding
+            && !delay.is_zero()
+        {
+            s.due_at(shard, Instant::now() + delay);
         }
     }
 
@@ -312,26 +311,18 @@ impl RedisStore {
             (0..shards::SHARDS).map(|q| self.op_on(q, Kind::Reads, "inventory", Vec::new())),
         )
         .await;
-        let mut failed = None;
-        for (shard, got) in got.into_iter().enumerate() {
-            match got.and_then(parse::<Vec<String>>) {
-                Ok(tubes) => {
-                    for t in tubes {
-                        s.hint(&tube(&t)?, shard);
-                    }
-                }
-                Err(e) => failed = Some(e),
-            }
-        }
-        if let Some(e) = failed {
+        // The first ready jobs come back with each call (its heads).
+        if let Some(e) = got.into_iter().find_map(Result::err) {
             s.rescan.store(true, std::sync::atomic::Ordering::Release);
             return Err(e);
         }
         Ok(())
     }
 
-    /// A reserve on a cluster: the shards hints point to, one at a time, so
-    /// a reserve never wins two jobs.
+    /// A reserve on a cluster: in the shard whose first ready job is the
+    /// best of all the shards' (as far as this process knows), one call, so
+    /// a reserve never wins two jobs. A shard that turns out to have none
+    /// says so in its reply, and the next best is tried.
     async fn reserve_sharded(
         &self,
         s: &Sharding,
@@ -339,34 +330,31 @@ impl RedisStore {
         tubes: &[Tube],
     ) -> StoreResult<Option<Reserved>> {
         self.rescan(s).await?;
-        let mut failed = None;
-        let mut answered = false;
-        for (shard, seen) in s.candidates(tubes) {
-            let names = match &seen[..] {
-                [(one, _)] => Arg::Tube(one.clone()),
-                _ => Arg::Text(
-                    seen.iter()
-                        .map(|(t, _)| t.as_str())
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                ),
+        let mut tried: Vec<(usize, Tube)> = Vec::new();
+        let (mut failed, mut answered) = (None, false);
+        loop {
+            let next = s
+                .candidates(tubes)
+                .into_iter()
+                .find(|(_, _, shard, t)| !tried.iter().any(|(s, u)| s == shard && u == t));
+            let Some((_, _, shard, t)) = next else {
+                // Every shard tried failed: say so rather than "none".
+                return match failed {
+                    Some(e) if !answered => Err(e),
+                    _ => Ok(None),
+                };
             };
+            let args = vec![Arg::Owner(conn), Arg::Tube(t.clone())];
             let got = self
-                .op_on(shard, Kind::Moves, "reserve", vec![Arg::Owner(conn), names])
+                .op_on(shard, Kind::Moves, "reserve", args)
                 .await
                 .and_then(|got| reserved(got, tubes));
             match got {
                 Ok(Some(got)) => return Ok(self.reserved_from(shard, Some(got))),
-                Ok(None) => {
-                    answered = true;
-                    s.unhint(shard, &seen);
-                }
+                Ok(None) => answered = true,
                 Err(e) => failed = Some(e),
             }
-        }
-        match failed {
-            Some(e) if !answered => Err(e),
-            _ => Ok(None),
+            tried.push((shard, t));
         }
     }
 
@@ -407,7 +395,7 @@ impl RedisStore {
             *self.beat.lock().unwrap_or_else(PoisonError::into_inner) = Some(now);
         }
         let (due, mut next) = s.to_tick(&self.process, now);
-        let got = join_all(due.iter().map(|&shard| {
+        let got = join_all(due.iter().map(|&(shard, _)| {
             self.op_on(
                 shard,
                 Kind::Moves,
@@ -417,16 +405,15 @@ impl RedisStore {
         }))
         .await;
         let mut failed = None;
-        for (&shard, got) in due.iter().zip(got) {
+        for (&(shard, news), got) in due.iter().zip(got) {
             match got.and_then(ticked) {
                 Ok((after, tubes)) => {
                     let at = after.map(|d| Instant::now() + d);
-                    s.ticked(shard, at);
+                    s.ticked(shard, news, at);
                     if let Some(at) = at {
                         next = Some(next.map_or(at, |n| n.min(at)));
                     }
                     for t in tubes {
-                        s.hint(&t, shard);
                         if !ready.contains(&t) {
                             ready.push(t);
                         }
@@ -465,17 +452,30 @@ fn ticked(v: Value) -> StoreResult<(Option<Duration>, Vec<Tube>)> {
 impl Store for RedisStore {
     async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
         let name = job.id.clone();
-        let (tube_name, delay) = (job.tube.clone(), job.delay);
-        let shard = match &self.sharding {
-            Some(s) => s.shard_for_put(&job.tube, name.as_deref()),
-            None => 0,
+        let delay = job.delay;
+        // On a cluster every job's key comes from this process's block of
+        // the cluster-wide sequence, so keys of all shards follow the order
+        // of the puts; a server id's key decides its shard. (A put that
+        // finds its client id taken has used a number all the same.)
+        let (shard, id_arg) = match (&self.sharding, &job.id) {
+            (Some(s), None) => {
+                let key = self.next_key(s, Some(&job.tube)).await?;
+                (
+                    s.locate(&JobId::Server(key)),
+                    Arg::Text(format!("#{key:012x}")),
+                )
+            }
+            (Some(s), Some(name)) => {
+                let key = self.next_key(s, None).await?;
+                let shard = s.locate(&JobId::Client(name.clone()));
+                (shard, Arg::Text(format!("{key:012x}#{name}")))
+            }
+            (None, Some(name)) => (0, Arg::Text(name.to_string())),
+            (None, None) => (0, Arg::Static("")),
         };
         let args = vec![
             Arg::Tube(job.tube),
-            match &job.id {
-                Some(name) => Arg::Text(name.to_string()),
-                None => Arg::Static(""),
-            },
+            id_arg,
             Arg::Int(job.pri.into()),
             Arg::Int(millis(job.delay)),
             Arg::Int(millis(job.ttr)),
@@ -485,10 +485,10 @@ impl Store for RedisStore {
         let outcome = match (got, name) {
             (Value::Int(0), Some(name)) => return Ok(PutOutcome::Exists(JobId::Client(name))),
             (Value::BulkString(_), Some(name)) => PutOutcome::Inserted(JobId::Client(name)),
-            (got @ Value::Int(_), None) => PutOutcome::Inserted(self.global(shard, job_id(got)?)),
+            (got @ Value::Int(_), None) => PutOutcome::Inserted(job_id(got)?),
             _ => return Err(corrupt("put")),
         };
-        self.moved(shard, &tube_name, delay);
+        self.due_in(shard, delay);
         Ok(outcome)
     }
 
@@ -507,19 +507,16 @@ impl Store for RedisStore {
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
-        let (shard, local) = self.locate(id);
-        let args = vec![Arg::Owner(conn), Arg::Id(local)];
+        let shard = self.locate(id);
+        let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
         let got = self.op_on(shard, Kind::Moves, "reserve_job", args).await?;
         Ok(self.reserved_from(shard, reserved(got, &[])?))
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
-        let (shard, t): (usize, Option<String>) = self
+        let (_, _): (usize, Option<String>) = self
             .move_job("give_back", vec![Arg::Owner(conn)], id, Vec::new())
             .await?;
-        if let Some(t) = t {
-            self.moved(shard, &tube(&t)?, Duration::ZERO);
-        }
         Ok(())
     }
 
@@ -543,8 +540,8 @@ impl Store for RedisStore {
             .move_job("release", vec![Arg::Owner(conn)], id, after)
             .await?;
         let t = t.as_deref().map(tube).transpose()?;
-        if let Some(t) = &t {
-            self.moved(shard, t, delay);
+        if t.is_some() {
+            self.due_in(shard, delay);
         }
         Ok(t)
     }
@@ -572,19 +569,32 @@ impl Store for RedisStore {
         if self.sharding.is_none() {
             return self.kick_in(0, t, bound, "").await.map(|(n, _)| n);
         }
-        // Buried jobs of every shard first, in shard order, then, if there
-        // were none anywhere, delayed ones.
+        // Buried jobs if any shard has one, else delayed ones: in rounds,
+        // the first jobs of all shards merged in the order kick takes them,
+        // then each shard kicks its share of those.
         let mut kicked = 0;
         for kind in ["buried", "delayed"] {
-            for shard in 0..SHARDS {
-                if kicked >= bound {
+            while kicked < bound {
+                let share = self.firsts(t, kind, (bound - kicked).min(BATCH)).await?;
+                if share.iter().all(|&n| n == 0) {
                     break;
                 }
-                let (n, _) = self.kick_in(shard, t, bound - kicked, kind).await?;
-                if n > 0 {
-                    kicked += n;
-                    self.moved(shard, t, Duration::ZERO);
+                let got = join_all(
+                    share
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, n)| **n > 0)
+                        .map(|(shard, &n)| self.kick_in(shard, t, n, kind)),
+                )
+                .await;
+                let mut round = 0;
+                for got in got {
+                    round += got?.0;
                 }
+                if round == 0 {
+                    break;
+                }
+                kicked += round;
             }
             if kicked > 0 {
                 break;
@@ -594,19 +604,15 @@ impl Store for RedisStore {
     }
 
     async fn kick_job(&self, id: &JobId) -> StoreResult<Option<Tube>> {
-        let (shard, t): (usize, Option<String>) = self
+        let (_, t): (usize, Option<String>) = self
             .move_job("kick_job", Vec::new(), id, Vec::new())
             .await?;
-        let t = t.as_deref().map(tube).transpose()?;
-        if let Some(t) = &t {
-            self.moved(shard, t, Duration::ZERO);
-        }
-        Ok(t)
+        t.as_deref().map(tube).transpose()
     }
 
     async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
-        let (shard, local) = self.locate(id);
-        self.peek_in(shard, "id", Arg::Id(local), &[]).await
+        let shard = self.locate(id);
+        self.peek_in(shard, "id", Arg::Id(id.clone()), &[]).await
     }
 
     async fn peek_ready(&self, t: &Tube) -> StoreResult<Option<JobBody>> {
@@ -622,16 +628,12 @@ impl Store for RedisStore {
     }
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
-        let (shard, local) = self.locate(id);
+        let shard = self.locate(id);
         let got = self
-            .op_on(shard, Kind::Reads, "stats_job", vec![Arg::Id(local)])
+            .op_on(shard, Kind::Reads, "stats_job", vec![Arg::Id(id.clone())])
             .await?;
         let got: Option<Vec<Value>> = parse(got)?;
-        let mut stats = got.map(decode::job_stats).transpose()?;
-        if let Some(stats) = &mut stats {
-            stats.id = self.global(shard, stats.id.clone());
-        }
-        Ok(stats)
+        got.map(decode::job_stats).transpose()
     }
 
     async fn stats_tube(&self, t: &Tube) -> StoreResult<Option<TubeStats>> {
@@ -641,7 +643,11 @@ impl Store for RedisStore {
             .every("stats_tube", || vec![Arg::Tube(t.clone())], true)
             .await?;
         let mut sum: Option<Vec<u64>> = None;
-        for v in all.into_iter().flatten() {
+        let mut exists = self.sharding.is_none();
+        for mut v in all.into_iter().flatten() {
+            if self.sharding.is_some() {
+                exists |= v.pop() == Some(1);
+            }
             match &mut sum {
                 None => sum = Some(v),
                 Some(sum) => {
@@ -651,7 +657,10 @@ impl Store for RedisStore {
                 }
             }
         }
-        sum.map(|v| decode::tube_stats(t, v)).transpose()
+        match sum {
+            Some(v) if exists => decode::tube_stats(t, v).map(Some),
+            _ => Ok(None),
+        }
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {
@@ -669,18 +678,53 @@ impl Store for RedisStore {
     }
 
     async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
-        // On a cluster, the control slot's tubes first (it is asked last),
-        // then those only the shards know, in shard order.
-        let mut all: Vec<Vec<String>> = self.every("list_tubes", Vec::new, true).await?;
-        all.rotate_right(1);
-        let mut out: Vec<Tube> = Vec::new();
-        for name in all.into_iter().flatten() {
-            let t = tube(&name)?;
-            if !out.contains(&t) {
-                out.push(t);
+        if self.sharding.is_none() {
+            let names: Vec<String> = parse(self.op(Kind::Reads, "list_tubes", Vec::new()).await?)?;
+            return names.iter().map(|n| tube(n)).collect();
+        }
+        // Each shard's list, and the control slot's, with when each tube
+        // was first seen there: merged by the earliest. A tube the control
+        // slot only remembers, and no shard holds, is gone: the control
+        // slot is told to forget it.
+        let all: Vec<Vec<Value>> = self.every("list_tubes", Vec::new, true).await?;
+        let mut first: Vec<(f64, Tube, bool)> = Vec::new();
+        for v in all {
+            for entry in v.chunks(3) {
+                if let [name, score, live] = entry {
+                    let t = tube(&parse::<String>(name.clone())?)?;
+                    let score: f64 = parse(score.clone())?;
+                    let live = parse::<i64>(live.clone())? == 1;
+                    match first.iter_mut().find(|(_, u, _)| *u == t) {
+                        Some(known) => {
+                            known.0 = known.0.min(score);
+                            known.2 |= live;
+                        }
+                        None => first.push((score, t, live)),
+                    }
+                }
             }
         }
-        Ok(out)
+        let gone: Vec<&str> = first
+            .iter()
+            .filter(|(_, _, live)| !live)
+            .map(|(_, t, _)| t.as_str())
+            .collect();
+        if !gone.is_empty() {
+            let names = gone.join(" ");
+            self.write::<i64>("forget_births", vec![Arg::Text(names.clone())])
+                .await?;
+            let forgot = join_all((0..SHARDS).map(|shard| {
+                let args = vec![Arg::Text(names.clone())];
+                self.op_on(shard, Kind::Moves, "forget_counts", args)
+            }))
+            .await;
+            for got in forgot {
+                got?;
+            }
+        }
+        first.retain(|(_, _, live)| *live);
+        first.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(first.into_iter().map(|(_, t, _)| t).collect())
     }
 
     async fn pause_tube(&self, t: &Tube, delay: Duration) -> StoreResult<bool> {
@@ -712,8 +756,7 @@ impl Store for RedisStore {
     async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
         let mut by_shard: Vec<Vec<JobId>> = vec![Vec::new(); self.queues.len()];
         for id in held {
-            let (shard, local) = self.locate(id);
-            by_shard[shard].push(local);
+            by_shard[self.locate(id)].push(id.clone());
         }
         let mut tubes = Vec::new();
         for (shard, ids) in by_shard.iter().enumerate() {
@@ -731,7 +774,6 @@ impl Store for RedisStore {
                 let got: Vec<String> = parse(got)?;
                 for t in got {
                     let t = tube(&t)?;
-                    self.moved(shard, &t, Duration::ZERO);
                     if !tubes.contains(&t) {
                         tubes.push(t);
                     }
@@ -764,6 +806,10 @@ impl Store for RedisStore {
 
     fn max_sleep(&self) -> Option<Duration> {
         Some(MAX_SLEEP)
+    }
+
+    fn call_limit(&self) -> Option<Duration> {
+        Some(conn::CALL_TIMEOUT)
     }
 
     fn describe(&self) -> String {
@@ -828,53 +874,67 @@ impl RedisStore {
         let got = self
             .op_on(shard, Kind::Reads, "peek", vec![Arg::Static(mode), arg])
             .await?;
-        let mut job = job_body(got, known)?.map(|(job, _)| job);
-        if let Some(job) = &mut job {
-            job.id = self.global(shard, job.id.clone());
-        }
-        Ok(job)
+        Ok(job_body(got, known)?.map(|(job, _)| job))
     }
 
-    /// The first job of `tube` in the state index `mode`. On a cluster each
-    /// shard's first is a candidate: the most urgent ready one (then the
-    /// lowest id), the delayed one due soonest, and the buried one of the
-    /// first shard that has any, which is the one `kick` takes first.
+    /// The first job of `tube` in the state index `mode`: on a cluster,
+    /// in the shard whose first is the first of all, as `reserve` (ready)
+    /// or `kick` (buried, delayed) would take them.
     async fn peek_tube(&self, mode: &'static str, t: &Tube) -> StoreResult<Option<JobBody>> {
         let known = std::slice::from_ref(t);
         if self.sharding.is_none() {
             return self.peek_in(0, mode, Arg::Tube(t.clone()), known).await;
         }
-        let firsts = join_all(
-            (0..SHARDS).map(|shard| self.peek_in(shard, mode, Arg::Tube(t.clone()), known)),
-        )
-        .await;
-        let firsts: Vec<JobBody> = firsts
-            .into_iter()
-            .collect::<StoreResult<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-            .collect();
-        if mode == "buried" || firsts.len() <= 1 {
-            return Ok(firsts.into_iter().next());
+        let share = self.firsts(t, mode, 1).await?;
+        match share.iter().position(|&n| n > 0) {
+            Some(shard) => self.peek_in(shard, mode, Arg::Tube(t.clone()), known).await,
+            None => Ok(None),
         }
-        let stats = join_all(firsts.iter().map(|j| self.stats_job(&j.id))).await;
-        let mut best: Option<(u64, u64, JobBody)> = None;
-        for (job, stats) in firsts.into_iter().zip(stats) {
-            let Some(stats) = stats? else { continue };
-            let rank = if mode == "ready" {
-                u64::from(stats.pri)
-            } else {
-                millis(stats.time_left)
-            };
-            let id = match &job.id {
-                JobId::Server(n) => *n,
-                JobId::Client(_) => u64::MAX,
-            };
-            if best.as_ref().is_none_or(|(r, i, _)| (rank, id) < (*r, *i)) {
-                best = Some((rank, id, job));
+    }
+
+    /// On a cluster: how many of the first `n` jobs of `tube` in state
+    /// `kind`, over all shards, each shard holds.
+    async fn firsts(&self, t: &Tube, kind: &'static str, n: u64) -> StoreResult<Vec<u64>> {
+        let args = || vec![Arg::Tube(t.clone()), Arg::Static(kind), Arg::Int(n)];
+        let all: Vec<Vec<Value>> = self.every("firsts", args, false).await?;
+        let mut merged: Vec<(f64, String, usize)> = Vec::new();
+        for (shard, v) in all.into_iter().enumerate() {
+            for pair in v.chunks(2) {
+                if let [score, key] = pair {
+                    merged.push((parse(score.clone())?, parse(key.clone())?, shard));
+                }
             }
         }
-        Ok(best.map(|(_, _, job)| job))
+        merged.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        let mut share = vec![0u64; SHARDS];
+        for (_, _, shard) in merged
+            .into_iter()
+            .take(usize::try_from(n).unwrap_or(usize::MAX))
+        {
+            share[shard] += 1;
+        }
+        Ok(share)
+    }
+
+    /// The next key of this process's block of the cluster-wide sequence
+    /// that suits a job of `tube` (any key for a client-chosen id, `None`),
+    /// taking a new block from the control slot when this one runs out.
+    async fn next_key(&self, s: &Sharding, tube: Option<&Tube>) -> StoreResult<u64> {
+        let mut block = self.keys.lock().await;
+        loop {
+            while block.0 < block.1 {
+                let key = block.0;
+                block.0 += 1;
+                if tube.is_none_or(|t| s.fits(t, key)) {
+                    return Ok(key);
+                }
+            }
+            let got = self
+                .op(Kind::Moves, "ids", vec![Arg::Int(KEY_BLOCK)])
+                .await?;
+            let last: u64 = parse(got)?;
+            *block = (last + 1 - KEY_BLOCK, last + 1);
+        }
     }
 
     async fn tube_ref(&self, t: &Tube, how: TubeRef, delta: i64) -> StoreResult<()> {

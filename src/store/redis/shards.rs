@@ -6,23 +6,33 @@
 //!   hash tag whose slot lies in the `k`-th of [`SHARDS`] equal ranges of the
 //!   16,384 slots, so however a cluster divides its slots into ranges among
 //!   its primaries, each holds its share of the shards.
-//! * A job's shard follows from its id alone: a server id is the shard's
-//!   own sequence number times [`SHARDS`] plus the shard; a client-chosen id
-//!   lives in the shard of its slot (the slot Redis would give the id as a
-//!   key, so `{...}` in an id groups ids as it groups keys). Uniqueness of a
+//! * Job keys come from one cluster-wide sequence in the control slot,
+//!   handed to each process in blocks, so server ids count up from 1 in the
+//!   order of the puts, as on beanstalkd, and keys of all shards compare.
+//! * A job's shard follows from its id alone: a server id's shard is its
+//!   remainder by [`SHARDS`]; a client-chosen id lives in the shard of its
+//!   slot (the slot Redis would give the id as a key). Uniqueness of a
 //!   client id is checked in that shard, atomically.
 //! * How many shards a tube's new jobs go to (`--shards`) can change at any
-//!   time: it only decides where new jobs go, never where a job is found.
+//!   time: it only decides which keys new jobs get, never where a job is
+//!   found.
 //! * The cluster's control slot (the prefix's own tag, as on one Redis) holds
-//!   what is not a job's: the processes alive, the tubes' users, pauses.
+//!   what is not a job's: the key sequence, the processes alive, the tubes'
+//!   users, pauses.
 //! * Each shard is ticked by one live process, chosen by rendezvous hashing,
 //!   so the work is divided and a dead process's shards pass to the others
 //!   as soon as its alive mark expires.
-//! * Reserve looks where hints say a tube has ready jobs: what this process
-//!   put or moved itself, and what the shards announce on their channels.
+//! * Every call to a shard answers, besides its results, the first ready
+//!   job (priority, key) of each tube it changed, and a shard announces the
+//!   first ready job of a tube that got one on its channel. From these each
+//!   process knows each shard's most urgent, oldest ready job per tube, and
+//!   a reserve takes the best of all shards: one call, in one shard. With
+//!   one delayq process that is exactly beanstalkd's order; with several,
+//!   news of another's moves can lag a call behind, and a reserve may then
+//!   take a job a little out of order.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -35,6 +45,9 @@ pub const SHARDS: usize = 64;
 pub const DEFAULT_SPREAD: usize = SHARDS;
 /// Slots in a Redis Cluster.
 const SLOTS: usize = 16_384;
+/// How long (µs of Redis time) a shard's "no ready jobs" is kept, to outweigh
+/// announcements older than it that arrive after it.
+const STALE_US: u64 = 10_000_000;
 
 /// The slot Redis gives `key`: CRC16 of its hash tag (the text between the
 /// first `{` and the next `}`, if not empty), or of the whole key.
@@ -74,6 +87,15 @@ enum Due {
     Never,
 }
 
+/// A shard's first ready job of a tube, as of `at` (the Redis time of the
+/// call or announcement that said so, in µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Head {
+    at: u64,
+    /// Priority and key; `None` once the shard said it has none.
+    first: Option<(u64, u64)>,
+}
+
 /// The keys' layout, and what this process knows of the shards.
 pub(super) struct Sharding {
     /// Every shard's hash tag, then the control slot's.
@@ -82,22 +104,17 @@ pub(super) struct Sharding {
     spread: usize,
     /// Tubes whose jobs all stay on one shard, for strict order.
     whole: Vec<String>,
-    /// Spreads server-id puts.
-    turn: AtomicUsize,
-    /// Per tube, the shards that may have ready jobs, each with the number
-    /// of the hint (a reserve that found nothing clears only the hint it
-    /// saw, never a newer one).
-    hints: Mutex<HashMap<Tube, Vec<u64>>>,
-    hint_seq: AtomicU64,
-    due: Mutex<Vec<Due>>,
+    /// Per tube, per shard with ready jobs, the first of them.
+    heads: Mutex<HashMap<Tube, HashMap<usize, Head>>>,
+    /// Per shard, when it is due, and how many times news changed that (a
+    /// tick's answer must not undo news that came while it ran).
+    due: Mutex<Vec<(Due, u64)>>,
     /// The live processes, as the control slot last said.
     live: Mutex<Vec<String>>,
     /// Paused tubes and when their pause ends.
     pauses: Mutex<HashMap<Tube, Instant>>,
-    /// The shards' news may have been missed: hints are to be rebuilt.
+    /// The shards' news may have been missed: heads are to be learnt again.
     pub rescan: AtomicBool,
-    /// Spreads where reserves start looking.
-    start: AtomicUsize,
 }
 
 impl Sharding {
@@ -109,146 +126,142 @@ impl Sharding {
             tags,
             spread: spread.clamp(1, SHARDS),
             whole,
-            turn: AtomicUsize::new(0),
-            hints: Mutex::new(HashMap::new()),
-            hint_seq: AtomicU64::new(0),
-            due: Mutex::new(vec![Due::Unknown; SHARDS]),
+            heads: Mutex::new(HashMap::new()),
+            due: Mutex::new(vec![(Due::Unknown, 0); SHARDS]),
             live: Mutex::new(Vec::new()),
             pauses: Mutex::new(HashMap::new()),
             rescan: AtomicBool::new(true),
-            start: AtomicUsize::new(0),
         }
     }
 
-    /// The control slot's index among the tags.
-    #[cfg(test)]
-    pub fn control(&self) -> usize {
-        SHARDS
-    }
-
-    /// The shard a new job of `tube` goes to.
-    pub fn shard_for_put(&self, tube: &Tube, id: Option<&str>) -> usize {
-        if let Some(name) = id {
-            return shard_of_slot(slot(name.as_bytes()));
+    /// Whether a new job of `tube` may have the key `key` (whose remainder
+    /// by [`SHARDS`] is its shard): any key if the tube spreads over every
+    /// shard, else only keys of the tube's shards, which lie evenly spaced
+    /// from its home shard, so that a tube spread over fewer shards than
+    /// there are still reaches every primary.
+    pub fn fits(&self, tube: &Tube, key: u64) -> bool {
+        let spread = if self.whole.iter().any(|t| t == tube.as_str()) {
+            1
+        } else {
+            self.spread
+        };
+        if spread == SHARDS {
+            return true;
         }
         let home = shard_of_slot(slot(tube.as_str().as_bytes()));
-        if self.spread == 1 || self.whole.iter().any(|t| t == tube.as_str()) {
-            return home;
-        }
-        // The tube's shards lie evenly spaced from its home, so a tube
-        // spread over fewer shards than there are still reaches every
-        // primary.
-        let i = self.turn.fetch_add(1, Ordering::Relaxed) % self.spread;
-        (home + i * SHARDS / self.spread) % SHARDS
+        let offset = (key as usize % SHARDS + SHARDS - home) % SHARDS;
+        let stride = SHARDS / spread;
+        offset.is_multiple_of(stride) && offset / stride < spread
     }
 
-    /// A job's shard and its id as that shard knows it.
-    pub fn locate(&self, id: &JobId) -> (usize, JobId) {
+    /// A job's shard.
+    pub fn locate(&self, id: &JobId) -> usize {
         match id {
-            JobId::Server(n) => (
-                (*n % SHARDS as u64) as usize,
-                JobId::Server(*n / SHARDS as u64),
-            ),
-            JobId::Client(name) => (shard_of_slot(slot(name.as_bytes())), id.clone()),
+            JobId::Server(n) => (*n % SHARDS as u64) as usize,
+            JobId::Client(name) => shard_of_slot(slot(name.as_bytes())),
         }
     }
 
-    /// A job id a shard returned, as clients know it.
-    pub fn global(shard: usize, id: JobId) -> JobId {
-        match id {
-            JobId::Server(n) => JobId::Server(n * SHARDS as u64 + shard as u64),
-            client => client,
+    /// News of `shard` as of `at`: the first ready job of `tube` there is
+    /// `first` (priority, key), or there is none. Older news than what is
+    /// known is ignored.
+    pub fn head(&self, shard: usize, at: u64, tube: &Tube, first: Option<(u64, u64)>) {
+        let mut heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = heads.entry(tube.clone()).or_default();
+        if known.get(&shard).is_some_and(|h| h.at > at) {
+            return;
         }
-    }
-
-    /// `tube` may have ready jobs in `shard`.
-    pub fn hint(&self, tube: &Tube, shard: usize) {
-        let seq = self.hint_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
-        match hints.get_mut(tube) {
-            Some(shards) => shards[shard] = seq,
-            None => {
-                let mut shards = vec![0; SHARDS];
-                shards[shard] = seq;
-                hints.insert(tube.clone(), shards);
+        known.insert(shard, Head { at, first });
+        if first.is_none() {
+            known.retain(|_, h| h.first.is_some() || h.at + STALE_US > at);
+            if known.is_empty() {
+                heads.remove(tube);
             }
         }
     }
 
-    /// Where to look for a ready job of `tubes`: each shard with hints, the
-    /// hinted tubes there and the hints' numbers, starting at a shard that
-    /// moves on with every call, so concurrent reserves spread out.
-    pub fn candidates(&self, tubes: &[Tube]) -> Vec<(usize, Vec<(Tube, u64)>)> {
+    /// A shard's call's news, `{time, tube, pri, key, ...}` (pri -1: none).
+    pub fn heads(&self, shard: usize, v: Vec<redis::Value>) -> Option<()> {
+        let mut v = v.into_iter();
+        let at: u64 = redis::from_redis_value(v.next()?).ok()?;
+        while let (Some(t), Some(pri), Some(key)) = (v.next(), v.next(), v.next()) {
+            let t: String = redis::from_redis_value(t).ok()?;
+            let pri: i64 = redis::from_redis_value(pri).ok()?;
+            let key: String = redis::from_redis_value(key).ok()?;
+            let first = match (u64::try_from(pri), u64::from_str_radix(&key, 16)) {
+                (Ok(pri), Ok(key)) => Some((pri, key)),
+                _ => None,
+            };
+            self.head(shard, at, &Tube::parse(t.as_bytes())?, first);
+        }
+        Some(())
+    }
+
+    /// Where the next ready job of `tubes` is, best first: (priority, key,
+    /// shard, tube) of each shard's first, leaving out paused tubes.
+    pub fn candidates(&self, tubes: &[Tube]) -> Vec<(u64, u64, usize, Tube)> {
         let now = Instant::now();
-        let paused: Vec<Tube> = {
-            let pauses = self.pauses.lock().unwrap_or_else(PoisonError::into_inner);
-            tubes
-                .iter()
-                .filter(|t| pauses.get(*t).is_some_and(|&until| until > now))
-                .cloned()
-                .collect()
-        };
-        let hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = self.start.fetch_add(1, Ordering::Relaxed);
+        let pauses = self.pauses.lock().unwrap_or_else(PoisonError::into_inner);
+        let heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out = Vec::new();
-        for i in 0..SHARDS {
-            let shard = (start + i) % SHARDS;
-            let here: Vec<(Tube, u64)> = tubes
-                .iter()
-                .filter(|t| !paused.contains(t))
-                .filter_map(|t| {
-                    let seq = hints.get(t)?[shard];
-                    (seq > 0).then(|| (t.clone(), seq))
-                })
-                .collect();
-            if !here.is_empty() {
-                out.push((shard, here));
+        for t in tubes {
+            if pauses.get(t).is_some_and(|&until| until > now) {
+                continue;
+            }
+            for (&shard, h) in heads.get(t).into_iter().flatten() {
+                if let Some((pri, key)) = h.first {
+                    out.push((pri, key, shard, t.clone()));
+                }
             }
         }
+        out.sort_unstable_by_key(|c| (c.0, c.1, c.2));
         out
-    }
-
-    /// A reserve in `shard` found none of `seen` ready: forgets those hints,
-    /// unless a newer one came meanwhile.
-    pub fn unhint(&self, shard: usize, seen: &[(Tube, u64)]) {
-        let mut hints = self.hints.lock().unwrap_or_else(PoisonError::into_inner);
-        for (tube, seq) in seen {
-            if let Some(shards) = hints.get_mut(tube) {
-                if shards[shard] == *seq {
-                    shards[shard] = 0;
-                }
-                if shards.iter().all(|&s| s == 0) {
-                    hints.remove(tube);
-                }
-            }
-        }
     }
 
     /// `shard` has something due at `at` (or earlier).
     pub fn due_at(&self, shard: usize, at: Instant) {
         let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
-        due[shard] = match due[shard] {
+        let (when, news) = &mut due[shard];
+        *news += 1;
+        *when = match *when {
             Due::At(t) if t <= at => Due::At(t),
             Due::Unknown => Due::Unknown,
             _ => Due::At(at),
         };
     }
 
-    /// A tick of `shard` found the next due time `next` from `now`.
-    pub fn ticked(&self, shard: usize, next: Option<Instant>) {
-        self.due.lock().unwrap_or_else(PoisonError::into_inner)[shard] = match next {
+    /// A tick of `shard`, sent when its news count was `news`, found the
+    /// next due time `next`. News since then is kept: the tick may have run
+    /// before what it told of.
+    pub fn ticked(&self, shard: usize, news: u64, next: Option<Instant>) {
+        let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+        let (when, now_news) = &mut due[shard];
+        let found = match next {
             Some(at) => Due::At(at),
             None => Due::Never,
+        };
+        *when = match (*now_news == news, *when, found) {
+            (true, _, found) => found,
+            (false, Due::Unknown, _) => Due::Unknown,
+            (false, Due::At(a), Due::At(b)) => Due::At(a.min(b)),
+            (false, Due::At(a), _) | (false, Due::Never, Due::At(a)) => Due::At(a),
+            (false, Due::Never, _) => Due::Never,
         };
     }
 
     /// Every shard's news may have been missed.
     pub fn forget_all(&self) {
-        self.due
+        for (when, news) in self
+            .due
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .fill(Due::Unknown);
-        self.rescan.store(true, Ordering::Release);
+            .iter_mut()
+        {
+            *when = Due::Unknown;
+            *news += 1;
+        }
+        self.rescan
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// The live processes are now `live`; shards that pass to `me` are
@@ -259,30 +272,32 @@ impl Sharding {
             return;
         }
         let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
-        for (shard, due) in due.iter_mut().enumerate() {
+        for (shard, (when, news)) in due.iter_mut().enumerate() {
             if owner(&live, shard) == Some(me) && owner(&old, shard) != Some(me) {
-                *due = Due::Unknown;
+                *when = Due::Unknown;
+                *news += 1;
             }
         }
         *old = live;
     }
 
-    /// The shards this process ticks that are due by `now`, and the time of
-    /// the earliest one that is not.
-    pub fn to_tick(&self, me: &str, now: Instant) -> (Vec<usize>, Option<Instant>) {
+    /// The shards this process ticks that are due by `now` (each with its
+    /// news count, for [`Sharding::ticked`]), and the time of the earliest
+    /// one that is not.
+    pub fn to_tick(&self, me: &str, now: Instant) -> (Vec<(usize, u64)>, Option<Instant>) {
         let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         let due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
         let mut ready = Vec::new();
         let mut next: Option<Instant> = None;
-        for (shard, due) in due.iter().enumerate() {
+        for (shard, &(when, news)) in due.iter().enumerate() {
             // Until the first heartbeat names the live processes, this one
             // ticks every shard.
             if !live.is_empty() && owner(&live, shard) != Some(me) {
                 continue;
             }
-            match *due {
-                Due::Unknown => ready.push(shard),
-                Due::At(at) if at <= now => ready.push(shard),
+            match when {
+                Due::Unknown => ready.push((shard, news)),
+                Due::At(at) if at <= now => ready.push((shard, news)),
                 Due::At(at) => next = Some(next.map_or(at, |n| n.min(at))),
                 Due::Never => {}
             }
@@ -303,7 +318,7 @@ impl Sharding {
         ended
     }
 
-    /// One pause set or lifted by this process.
+    /// One pause set (`Some(end)`) or lifted by this process.
     pub fn pause(&self, tube: &Tube, until: Option<Instant>) {
         let mut known = self.pauses.lock().unwrap_or_else(PoisonError::into_inner);
         match until {
@@ -345,9 +360,9 @@ mod tests {
     fn slots_are_those_redis_gives() {
         // Values from `CLUSTER KEYSLOT` on Redis 7.
         assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"bar"), 5061);
         assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
-        assert_eq!(slot(b"{}x"), slot(b"{}x"));
+        assert_eq!(slot(b"foo{}{bar}"), 8363);
     }
 
     #[test]
@@ -357,50 +372,55 @@ mod tests {
             assert_eq!(shard_of_slot(slot(tag.as_bytes())), k, "{tag}");
             assert_eq!(slot(format!("{tag}jobs").as_bytes()), slot(tag.as_bytes()));
         }
-        assert_eq!(s.tags[s.control()], "{delayq:}");
+        assert_eq!(s.tags[SHARDS], "{delayq:}");
     }
 
     #[test]
     fn ids_name_their_shard() {
         let s = Sharding::new("delayq:", SHARDS, Vec::new());
-        for shard in [0, 1, 63] {
-            let id = Sharding::global(shard, JobId::Server(12345));
-            assert_eq!(s.locate(&id), (shard, JobId::Server(12345)));
+        for n in [1, 64, 65, 127, 1 << 40] {
+            assert_eq!(s.locate(&JobId::Server(n)), (n % 64) as usize);
         }
-        let name = JobId::parse(b"order-close:4711").unwrap();
-        let tube = Tube::parse(b"t").unwrap();
-        let (shard, local) = s.locate(&name);
-        assert_eq!(local, name);
-        assert_eq!(s.shard_for_put(&tube, Some("order-close:4711")), shard);
+        // A client id lives in the shard of the slot Redis gives it.
+        let name = JobId::parse(b"foo").unwrap();
+        assert_eq!(s.locate(&name), 12182 * SHARDS / SLOTS);
     }
 
     #[test]
-    fn puts_spread_evenly_and_whole_tubes_stay_home() {
+    fn keys_fit_the_shards_of_their_tube() {
         let s = Sharding::new("delayq:", 16, vec!["fifo".into()]);
         let orders = Tube::parse(b"orders").unwrap();
-        let mut seen = vec![0; SHARDS];
-        for _ in 0..1600 {
-            seen[s.shard_for_put(&orders, None)] += 1;
-        }
-        assert_eq!(seen.iter().filter(|&&n| n == 100).count(), 16);
+        let fitting: Vec<u64> = (0..64).filter(|&k| s.fits(&orders, k)).collect();
+        assert_eq!(fitting.len(), 16);
+        assert!(fitting.windows(2).all(|w| w[1] - w[0] == 4));
         let fifo = Tube::parse(b"fifo").unwrap();
-        let home = s.shard_for_put(&fifo, None);
-        assert!((0..100).all(|_| s.shard_for_put(&fifo, None) == home));
+        assert_eq!((0..640).filter(|&k| s.fits(&fifo, k)).count(), 10);
+        let all = Sharding::new("delayq:", SHARDS, Vec::new());
+        assert!((0..64).all(|k| all.fits(&orders, k)));
     }
 
     #[test]
-    fn a_hint_seen_empty_is_cleared_but_not_a_newer_one() {
+    fn candidates_are_the_best_heads_and_old_news_is_ignored() {
         let s = Sharding::new("p", SHARDS, Vec::new());
-        let t = Tube::parse(b"t").unwrap();
-        s.hint(&t, 5);
-        let c = s.candidates(std::slice::from_ref(&t));
-        assert_eq!(c.len(), 1);
-        s.hint(&t, 5);
-        s.unhint(5, &c[0].1);
-        assert_eq!(s.candidates(std::slice::from_ref(&t)).len(), 1);
-        let c = s.candidates(std::slice::from_ref(&t));
-        s.unhint(5, &c[0].1);
-        assert!(s.candidates(&[t]).is_empty());
+        let (a, b) = (Tube::parse(b"a").unwrap(), Tube::parse(b"b").unwrap());
+        s.head(3, 100, &a, Some((5, 30)));
+        s.head(7, 100, &b, Some((5, 20)));
+        s.head(9, 100, &a, Some((1, 90)));
+        let best: Vec<usize> = s
+            .candidates(&[a.clone(), b.clone()])
+            .iter()
+            .map(|c| c.2)
+            .collect();
+        assert_eq!(best, [9, 7, 3]);
+        s.head(9, 200, &a, None);
+        // An announcement older than the news that shard 9 is empty.
+        s.head(9, 150, &a, Some((1, 90)));
+        assert_eq!(s.candidates(std::slice::from_ref(&a)).len(), 1);
+        s.pause(
+            &b,
+            Some(Instant::now() + std::time::Duration::from_secs(60)),
+        );
+        assert_eq!(s.candidates(&[b]).len(), 0);
     }
 
     #[test]
