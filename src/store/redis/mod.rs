@@ -363,11 +363,14 @@ impl RedisStore {
     async fn tick_sharded(&self, s: &Sharding) -> StoreResult<Tick> {
         let now = Instant::now();
         let mut ready = Vec::new();
-        let beat_due = self
-            .beat
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none_or(|last| now.duration_since(last) >= HEARTBEAT);
+        // While a pause is known, every tick asks: the tube may have gone
+        // (its pause with it), or been resumed by another process.
+        let beat_due = s.pausing()
+            || self
+                .beat
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none_or(|last| now.duration_since(last) >= HEARTBEAT);
         if beat_due {
             let (tick, live, pauses) = tokio::join!(
                 self.op(

@@ -327,6 +327,15 @@ impl Sharding {
         };
     }
 
+    /// Whether any tube is known to be paused.
+    pub fn pausing(&self) -> bool {
+        !self
+            .pauses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
     /// Pauses that have ended by `now` (forgotten), and the next end.
     pub fn pauses_ended(&self, now: Instant) -> (Vec<Tube>, Option<Instant>) {
         let mut known = self.pauses.lock().unwrap_or_else(PoisonError::into_inner);
