@@ -333,11 +333,17 @@ impl RedisStore {
         let mut tried: Vec<(usize, Tube)> = Vec::new();
         let (mut failed, mut answered) = (None, false);
         loop {
-            let next = s
+            let untried: Vec<(usize, Tube)> = s
                 .candidates(tubes)
                 .into_iter()
-                .find(|(_, _, shard, t)| !tried.iter().any(|(s, u)| s == shard && u == t));
-            let Some((_, _, shard, t)) = next else {
+                .filter(|(_, _, shard, t)| !tried.iter().any(|(s, u)| s == shard && u == t))
+                .map(|(_, _, shard, t)| (shard, t))
+                .collect();
+            // Concurrent reserves each take the best first job no other is
+            // after, rather than all racing for the one best (which only
+            // one can win): together they still take the oldest jobs.
+            let claim = s.claim(&untried);
+            let Some((shard, t)) = claim.as_ref().map(|c| c.target().clone()) else {
                 // Every shard tried failed: say so rather than "none".
                 return match failed {
                     Some(e) if !answered => Err(e),

@@ -115,6 +115,37 @@ pub(super) struct Sharding {
     pauses: Mutex<HashMap<Tube, Instant>>,
     /// The shards' news may have been missed: heads are to be learnt again.
     pub rescan: AtomicBool,
+    /// Reserves under way, per shard and tube.
+    claims: Mutex<HashMap<(usize, Tube), usize>>,
+}
+
+/// A reserve under way in one shard for one tube; let go when dropped.
+pub(super) struct Claim<'a> {
+    sharding: &'a Sharding,
+    target: (usize, Tube),
+}
+
+impl Claim<'_> {
+    /// The shard and tube claimed.
+    pub fn target(&self) -> &(usize, Tube) {
+        &self.target
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut claims = self
+            .sharding
+            .claims
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = claims.get_mut(&self.target) {
+            *n -= 1;
+            if *n == 0 {
+                claims.remove(&self.target);
+            }
+        }
+    }
 }
 
 impl Sharding {
@@ -131,7 +162,24 @@ impl Sharding {
             live: Mutex::new(Vec::new()),
             pauses: Mutex::new(HashMap::new()),
             rescan: AtomicBool::new(true),
+            claims: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Claims the first of `candidates` (best first) that no other reserve
+    /// is after, or the first if all are.
+    pub fn claim(&self, candidates: &[(usize, Tube)]) -> Option<Claim<'_>> {
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        let target = candidates
+            .iter()
+            .find(|c| !claims.contains_key(*c))
+            .or_else(|| candidates.first())?
+            .clone();
+        *claims.entry(target.clone()).or_default() += 1;
+        Some(Claim {
+            sharding: self,
+            target,
+        })
     }
 
     /// Whether a new job of `tube` may have the key `key` (whose remainder
