@@ -31,6 +31,7 @@ mod in_process;
 mod ledger;
 mod load;
 
+mod cluster;
 mod durability;
 mod durable;
 mod redis_down;

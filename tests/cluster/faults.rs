@@ -1,0 +1,393 @@
+//! delayq itself on the topologies: a call the cluster client sends twice
+//! runs once, a Sentinel failover is followed by the same process and the
+//! same client connections, and one busy tube keeps every primary of a
+//! cluster equally busy.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::common::Client;
+use crate::common::cluster::{RedisCluster, Reply, query};
+use crate::common::daemon::Daemon;
+use crate::common::sentinel::RedisSentinel;
+
+/// Shards of a cluster deployment, as delayq has them.
+const SHARDS: usize = 64;
+/// Hash slots of a cluster.
+const SLOTS: usize = 16_384;
+/// The prefix delayq uses unless told otherwise.
+const PREFIX: &str = "delayq:";
+
+/// The slot Redis gives `key`: CRC16 of its hash tag (the text between the
+/// first `{` and the next `}`, if not empty), or of the whole key.
+fn slot(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
+}
+
+/// Shard `k`'s hash tag under `prefix`, `{PREFIX-k.n}` with the least `n`
+/// whose slot lies in the `k`-th of 64 equal ranges of slots, as delayq
+/// works it out (`src/store/redis/shards.rs`).
+fn shard_tag(prefix: &str, k: usize) -> String {
+    (0u32..)
+        .map(|n| format!("{{{prefix}-{k}.{n}}}"))
+        .find(|tag| usize::from(slot(tag)) * SHARDS / SLOTS == k)
+        .expect("some n gives a slot in every range")
+}
+
+/// Starts a topology off the runtime's threads.
+async fn start<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Arc<Mutex<T>> {
+    let started = tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    Arc::new(Mutex::new(started))
+}
+
+/// Runs `f` on a topology on a blocking thread: the harness waits by
+/// sleeping.
+async fn blocking<S, T>(shared: &Arc<Mutex<S>>, f: impl FnOnce(&mut S) -> T + Send + 'static) -> T
+where
+    S: Send + 'static,
+    T: Send + 'static,
+{
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner))
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+/// The name of delayq's function for any call (`delayq_<hash>_any`), as
+/// the node on `port` lists it.
+fn any_function(port: u16) -> String {
+    let list = query(port, &["FUNCTION", "LIST"]).expect("FUNCTION LIST");
+    list.items()
+        .iter()
+        .filter_map(|library| library.field("functions"))
+        .flat_map(|functions| functions.items().to_vec())
+        .filter_map(|f| f.field("name").map(|n| n.text().to_string()))
+        .find(|n| n.starts_with("delayq_") && n.ends_with("_any"))
+        .unwrap_or_else(|| panic!("no delayq_..._any function on port {port}: {list:?}"))
+}
+
+/// The figures of `stats` that count jobs.
+async fn job_counts(c: &mut Client) -> (u64, u64) {
+    let s = c.stats().await;
+    (s.num("current-jobs-ready"), s.num("total-jobs"))
+}
+
+/// The cluster client sends a call again when its reply was lost; each call
+/// to a shard carries a token, and a call whose token was seen returns the
+/// first reply and changes nothing. Sent here by hand, exactly as delayq
+/// sends a put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_call_changes_nothing() {
+    let cluster = start(|| RedisCluster::start(3, 0)).await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    // Starting delayq loads its library into every primary.
+    let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
+    let mut c = daemon.client().await;
+
+    // Shard 5: a server id of that shard is 5 modulo 64. Keys far above
+    // the ones delayq hands out.
+    let k = 5;
+    let tag = shard_tag(PREFIX, k);
+    let port = blocking(&cluster, {
+        let tag = tag.clone();
+        move |c| c.ports()[c.slot_owner(slot(&tag))]
+    })
+    .await;
+    let function = any_function(port);
+    let put = |token: &str, key: u64| {
+        let (jobs, token, id) = (
+            format!("{tag}jobs"),
+            format!("s:{token}"),
+            format!("#{key:012x}"),
+        );
+        let args = [
+            "FCALL", &function, "1", &jobs, &tag, "1", &token, "put", "default", &id, "10", "0",
+            "60000", "retried",
+        ];
+        query(port, &args).unwrap_or_else(|e| panic!("FCALL put: {e}"))
+    };
+    let key = (SHARDS * 100_000 + k) as u64;
+    let first = put("retry-test.1", key);
+    let again = put("retry-test.1", key);
+    assert!(
+        matches!(first.items().first(), Some(Reply::Int(n)) if *n == key as i64),
+        "the put returns the job's id: {first:?}"
+    );
+    // The first reply, to the microsecond of the shard's news it carries: a
+    // call run again would have read the clock again.
+    assert_eq!(again, first, "the second call returned another reply");
+    let count = |args: &[&str]| query(port, args).expect("a count").int();
+    assert_eq!(count(&["HLEN", &format!("{tag}jobs")]), 1);
+    assert_eq!(count(&["ZCARD", &format!("{tag}ready:default")]), 1);
+    assert_eq!(
+        query(port, &["HGET", &format!("{tag}totals"), "jobs"])
+            .expect("HGET totals")
+            .int(),
+        1,
+        "the job was counted twice"
+    );
+    assert_eq!(job_counts(&mut c).await, (1, 1), "delayq's stats");
+
+    // Another token is another call: it runs.
+    let other = key + SHARDS as u64;
+    let second = put("retry-test.2", other);
+    assert!(
+        matches!(second.items().first(), Some(Reply::Int(n)) if *n == other as i64),
+        "{second:?}"
+    );
+    assert_eq!(job_counts(&mut c).await, (2, 2), "delayq's stats");
+
+    // Both are jobs like any other, in the order of their ids.
+    for id in [key, other] {
+        let job = c.reserved("reserve-with-timeout 5").await;
+        assert_eq!((job.id, job.body), (id.to_string(), b"retried".to_vec()));
+        assert_eq!(c.cmd(&format!("delete {id}")).await, "DELETED");
+    }
+    assert_eq!(job_counts(&mut c).await, (0, 2));
+}
+
+/// Reserves through `c` until every job of `expected` (id to body) came,
+/// deleting each; other bodies may come only if `doubt` names them (puts
+/// refused that may be stored). Retries while delayq cannot reach Redis;
+/// fails after `limit`. Returns when the first job came.
+async fn serve(
+    c: &mut Client,
+    expected: &mut HashMap<String, Vec<u8>>,
+    doubt: &[Vec<u8>],
+    limit: Duration,
+) -> Option<Duration> {
+    let start = Instant::now();
+    let mut first = None;
+    while !expected.is_empty() {
+        assert!(
+            start.elapsed() < limit,
+            "{} jobs acknowledged were not served within {limit:?}: {:?}",
+            expected.len(),
+            expected.keys().collect::<Vec<_>>()
+        );
+        let line = c.cmd("reserve-with-timeout 1").await;
+        if line == "INTERNAL_ERROR" || line == "TIMED_OUT" {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let job = c.job_after("RESERVED", &line).await;
+        first.get_or_insert(start.elapsed());
+        match expected.remove(&job.id) {
+            Some(body) => assert_eq!(body, job.body, "job {}", job.id),
+            None => assert!(
+                doubt.contains(&job.body),
+                "job {} ({:?}) was never put",
+                job.id,
+                String::from_utf8_lossy(&job.body)
+            ),
+        }
+        delete(c, &job.id, limit.saturating_sub(start.elapsed())).await;
+    }
+    first
+}
+
+/// Deletes job `id`, retrying while delayq cannot reach Redis.
+async fn delete(c: &mut Client, id: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        match c.cmd(&format!("delete {id}")).await.as_str() {
+            "DELETED" => return,
+            "INTERNAL_ERROR" if start.elapsed() < limit => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("delete {id} answered {other:?} after {:?}", start.elapsed()),
+        }
+    }
+}
+
+/// Sentinel's primary killed: the same delayq process, through the same
+/// client connections, follows the failover. With `--redis-wait 1` every
+/// put it acknowledged is on the promoted replica; while that replica has
+/// no replica of its own a put is refused; once it has one, puts are taken
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_is_followed() {
+    const FOLLOW_LIMIT: Duration = Duration::from_secs(10);
+    let started = Instant::now();
+    let setup = start(RedisSentinel::start).await;
+    let seeds = blocking(&setup, |s| s.sentinel_seeds()).await;
+    let master = blocking(&setup, |s| s.master_name().to_string()).await;
+    let mut daemon = Daemon::start(&[
+        "--redis-sentinel",
+        &seeds,
+        "--redis-sentinel-master",
+        &master,
+        "--redis-wait",
+        "1",
+    ])
+    .await;
+    let mut producer = daemon.client().await;
+    let mut worker = daemon.client().await;
+    let mut before = HashMap::new();
+    for n in 0..40u32 {
+        let body = format!("before-{n}").into_bytes();
+        // A few fall due while the primary is down.
+        let delay = if n < 5 { 3 } else { 0 };
+        let id = producer.put_ok(0, delay, 60, &body).await;
+        before.insert(id.to_string(), body);
+    }
+    // One is held across the failover, and deleted after it.
+    let held = worker.reserved("reserve-with-timeout 0").await;
+    assert_eq!(before.remove(&held.id), Some(held.body));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let killed = Instant::now();
+    let old = blocking(&setup, |s| s.kill_primary()).await;
+    let new = blocking(&setup, move |s| s.wait_for_failover(old)).await;
+    let failover = killed.elapsed();
+    let promoted = Instant::now();
+
+    // The reservation moved over with the rest.
+    delete(&mut worker, &held.id, FOLLOW_LIMIT).await;
+    let deleted = promoted.elapsed();
+    // The promoted replica has no replica: no put can be confirmed.
+    let refused = b"unconfirmed".to_vec();
+    assert_eq!(
+        producer.put(0, 0, 60, &refused).await,
+        "INTERNAL_ERROR",
+        "a put acknowledged with no replica to have it"
+    );
+    let mut doubt = vec![refused];
+    let first = serve(&mut worker, &mut before, &doubt, FOLLOW_LIMIT).await;
+    let served = promoted.elapsed();
+
+    // The old primary back, as a replica of the new one (as the sentinels
+    // would make it some seconds later): puts are confirmed again.
+    blocking(&setup, move |s| {
+        s.restart(old);
+        let ok = s.cli(old, &["REPLICAOF", "127.0.0.1", &new.to_string()]);
+        assert_eq!(ok, "OK\n", "REPLICAOF on the old primary");
+    })
+    .await;
+    let replica = Instant::now();
+    let mut after = HashMap::new();
+    for n in 0.. {
+        assert!(
+            replica.elapsed() < FOLLOW_LIMIT,
+            "puts still refused {FOLLOW_LIMIT:?} after the old primary came back as a replica"
+        );
+        let body = format!("after-{n}").into_bytes();
+        let reply = producer.put(0, 0, 60, &body).await;
+        if reply == "INTERNAL_ERROR" {
+            doubt.push(body);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let id = reply
+            .strip_prefix("INSERTED ")
+            .unwrap_or_else(|| panic!("expected INSERTED <id>, got {reply:?}"));
+        after.insert(id.to_string(), body);
+        break;
+    }
+    let taken = replica.elapsed();
+    serve(&mut worker, &mut after, &doubt, FOLLOW_LIMIT).await;
+    // What is left was refused, yet may be stored.
+    loop {
+        let line = worker.cmd("reserve-with-timeout 0").await;
+        if line == "TIMED_OUT" {
+            break;
+        }
+        let job = worker.job_after("RESERVED", &line).await;
+        assert!(doubt.contains(&job.body), "{job:?} was never put");
+        assert_eq!(worker.cmd(&format!("delete {}", job.id)).await, "DELETED");
+    }
+    let s = producer.stats().await;
+    assert_eq!(
+        s.num("current-jobs-ready")
+            + s.num("current-jobs-delayed")
+            + s.num("current-jobs-reserved"),
+        0
+    );
+    let status = daemon.child.try_wait().expect("try_wait delayq");
+    assert!(status.is_none(), "delayq exited: {status:?}");
+    eprintln!(
+        "sentinel failover followed by one delayq process: failover {failover:.1?}; after it, \
+         the held job deleted in {deleted:.1?}, the first job served in {:.1?}, all 39 in \
+         {served:.1?}; puts confirmed {taken:.1?} after the old primary came back as a \
+         replica; in {:.1?}",
+        first.unwrap_or_default(),
+        started.elapsed()
+    );
+}
+
+/// One tube under load uses every primary alike: its jobs are spread over
+/// the 64 shards, whose slots are spread over the primaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hot_tube_spreads_over_every_primary() {
+    const JOBS: usize = 3000;
+    let started = Instant::now();
+    let cluster = start(|| RedisCluster::start(3, 0)).await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.cmd("use hot").await, "USING hot");
+    assert_eq!(c.cmd("watch hot").await, "WATCHING 2");
+    assert_eq!(c.cmd("ignore default").await, "WATCHING 1");
+    let id = c.put_ok(0, 0, 60, b"warm-up").await;
+    assert_eq!(
+        c.reserved("reserve-with-timeout 5").await.id,
+        id.to_string()
+    );
+    assert_eq!(c.cmd(&format!("delete {id}")).await, "DELETED");
+    let masters = blocking(&cluster, |c| {
+        c.reset_stats();
+        c.masters()
+    })
+    .await;
+    assert_eq!(masters.len(), 3, "{masters:?}");
+
+    for n in 0..JOBS {
+        c.put_ok(0, 0, 60, format!("hot-{n}").as_bytes()).await;
+    }
+    for _ in 0..JOBS {
+        let job = c.reserved("reserve-with-timeout 5").await;
+        assert_eq!(c.cmd(&format!("delete {}", job.id)).await, "DELETED");
+    }
+    let s = c.stats_tube("hot").await;
+    assert_eq!(s.num("total-jobs"), JOBS as u64 + 1);
+    assert_eq!(s.num("current-jobs-ready"), 0);
+
+    let calls: Vec<u64> = blocking(&cluster, move |c| {
+        masters.iter().map(|&m| c.commands(m, "fcall")).collect()
+    })
+    .await;
+    let total: u64 = calls.iter().sum();
+    let mean = total as f64 / calls.len() as f64;
+    eprintln!(
+        "one tube, {JOBS} jobs put, reserved and deleted: FCALLs per primary {calls:?} \
+         (mean {mean:.0}) in {:.1?}",
+        started.elapsed()
+    );
+    assert!(
+        total >= 3 * JOBS as u64,
+        "only {total} calls for {JOBS} jobs"
+    );
+    for (m, &n) in calls.iter().enumerate() {
+        let off = (n as f64 - mean) / mean;
+        assert!(
+            off.abs() <= 0.15,
+            "primary {m} ran {n} calls, {:+.0}% off the mean of {mean:.0}: {calls:?}",
+            off * 100.0
+        );
+    }
+}

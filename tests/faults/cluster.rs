@@ -1,0 +1,703 @@
+//! delayq on a Redis Cluster (and one Redis) when parts of it fail, with
+//! real processes: a primary killed under load, with and without
+//! `--redis-wait`; a delayq process killed while the shards it ticks hold
+//! delayed jobs; and Redis frozen with SIGSTOP while clients wait for
+//! their replies.
+//!
+//! The cluster's layout is worked out here as delayq works it out
+//! (`src/store/redis/shards.rs`): shard `k`'s keys carry the hash tag
+//! `{PREFIX-k.n}` with the least `n` whose slot lies in the `k`-th of 64
+//! equal ranges of slots, and a client-chosen id lives in the shard of its
+//! own slot. So a test can aim jobs at the primary it is about to break.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::common::Client;
+use crate::common::cluster::RedisCluster;
+use crate::common::daemon::Daemon;
+use crate::common::redis::RedisServer;
+use crate::conn::{Gone, Io};
+use crate::ledger::{Ledger, Summary};
+use crate::load::{job, join, produce, wait_until, work};
+
+/// Shards of a cluster deployment, as delayq has them.
+const SHARDS: usize = 64;
+/// Hash slots of a cluster.
+const SLOTS: usize = 16_384;
+/// The prefix delayq uses unless told otherwise.
+const PREFIX: &str = "delayq:";
+
+/// The slot Redis gives `key`: CRC16 of its hash tag (the text between the
+/// first `{` and the next `}`, if not empty), or of the whole key.
+fn slot(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
+}
+
+/// The shard whose range of slots holds `key`'s slot.
+fn shard_of(key: &str) -> usize {
+    usize::from(slot(key)) * SHARDS / SLOTS
+}
+
+/// Shard `k`'s hash tag under `prefix`.
+fn shard_tag(prefix: &str, k: usize) -> String {
+    (0u32..)
+        .map(|n| format!("{{{prefix}-{k}.{n}}}"))
+        .find(|tag| shard_of(tag) == k)
+        .expect("some n gives a slot in every range")
+}
+
+/// The node serving each shard of `prefix` now, and the one serving the
+/// control slot (the key sequence, the live processes, the tubes' users).
+fn layout(cluster: &RedisCluster, prefix: &str) -> (Vec<usize>, usize) {
+    let shards = (0..SHARDS)
+        .map(|k| cluster.slot_owner(slot(&shard_tag(prefix, k))))
+        .collect();
+    (shards, cluster.slot_owner(slot(&format!("{{{prefix}}}"))))
+}
+
+/// Client-chosen ids `STEM-N` whose jobs live on shards that `node` serves
+/// (`owners`: the node of each shard).
+fn ids_on(
+    owners: Vec<usize>,
+    node: usize,
+    stem: &str,
+) -> impl Iterator<Item = String> + Send + use<> {
+    let stem = stem.to_string();
+    (0u64..)
+        .map(move |n| format!("{stem}-{n}"))
+        .filter(move |id| owners[shard_of(id)] == node)
+}
+
+/// A topology shared with the blocking tasks that break it.
+type Shared<T> = Arc<Mutex<T>>;
+
+/// Starts a cluster of `masters` primaries with `replicas` each, off the
+/// runtime's threads.
+async fn start_cluster(masters: usize, replicas: usize) -> Shared<RedisCluster> {
+    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start(masters, replicas))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    Arc::new(Mutex::new(cluster))
+}
+
+/// Runs `f` on the topology on a blocking thread: the harness waits by
+/// sleeping.
+async fn blocking<S, T>(shared: &Shared<S>, f: impl FnOnce(&mut S) -> T + Send + 'static) -> T
+where
+    S: Send + 'static,
+    T: Send + 'static,
+{
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner))
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+/// The value of a reply on a connection delayq must keep open.
+fn kept<T>(io: Io<T>, who: &str) -> T {
+    io.unwrap_or_else(|Gone| panic!("delayq closed {who}'s connection"))
+}
+
+/// Asserts the delayq process is still running.
+fn still_up(daemon: &mut Daemon) {
+    let status = daemon.child.try_wait().expect("try_wait delayq");
+    assert!(status.is_none(), "delayq exited: {status:?}");
+}
+
+/// One put of [`probe`].
+struct Probed {
+    sent: Instant,
+    took: Duration,
+    inserted: bool,
+}
+
+/// Puts a job with a fresh id of `ids` in the tube `probe` every 50 ms
+/// until `stop`, and deletes each one inserted, recording every put in
+/// `seen`; returns the ids of the puts answered `INTERNAL_ERROR` (they may
+/// be stored).
+async fn probe(
+    addr: SocketAddr,
+    ids: impl Iterator<Item = String> + Send,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<Probed>>>,
+) -> Vec<String> {
+    let mut c = Client::connect(addr).await;
+    assert_eq!(c.cmd("use probe").await, "USING probe");
+    let mut doubt = Vec::new();
+    for id in ids {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let sent = Instant::now();
+        let put = format!("put 0 0 60 {} {id}\r\n{id}\r\n", id.len());
+        kept(c.try_send(put.as_bytes()).await, "the probe");
+        let reply = kept(c.try_line().await, "the probe");
+        let took = sent.elapsed();
+        let inserted = reply == format!("INSERTED {id}");
+        if inserted {
+            match kept(c.try_cmd(&format!("delete {id}")).await, "the probe").as_str() {
+                "DELETED" => {}
+                "INTERNAL_ERROR" => doubt.push(id),
+                other => panic!("the probe's delete {id} answered {other:?}"),
+            }
+        } else {
+            assert_eq!(reply, "INTERNAL_ERROR", "the probe's put {id}");
+            doubt.push(id);
+        }
+        seen.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Probed {
+                sent,
+                took,
+                inserted,
+            });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    doubt
+}
+
+/// Deletes the jobs `ids` if they exist, retrying while delayq cannot
+/// reach Redis.
+async fn delete_all(addr: SocketAddr, ids: &[String]) {
+    let mut c = Client::connect(addr).await;
+    for id in ids {
+        let start = Instant::now();
+        loop {
+            match c.cmd(&format!("delete {id}")).await.as_str() {
+                "DELETED" | "NOT_FOUND" => break,
+                "INTERNAL_ERROR" if start.elapsed() < Duration::from_secs(15) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => panic!("delete {id} answered {other:?}"),
+            }
+        }
+    }
+}
+
+/// What [`primary_killed_under_load`] saw.
+struct PrimaryKilled {
+    summary: Summary,
+    /// Shards the killed primary served.
+    shards: usize,
+    /// From the kill until a replica was primary and the cluster agreed.
+    failover: Duration,
+    /// From the kill until the killed node was back, as a replica.
+    rejoined: Duration,
+    /// From the kill until a put on the killed primary's shards was
+    /// acknowledged again.
+    puts_back: Duration,
+    /// The longest any probe put took to be answered.
+    slowest_put: Duration,
+}
+
+/// A 3-primary cluster with a replica each, one delayq process (with
+/// `--redis-wait 1` if `wait`), two producers and two workers keeping the
+/// ledger; a few seconds in, the primary serving the control slot (and a
+/// third of the shards) is killed with SIGKILL, its replica takes over, and
+/// the killed node is started again on its own data (it comes back as a
+/// replica; without it, a put with `--redis-wait 1` could never again be
+/// confirmed on that primary's shards). A probe puts on the killed
+/// primary's shards throughout, to time the outage.
+async fn primary_killed_under_load(wait: bool) -> PrimaryKilled {
+    let per_producer = crate::scale(800, 4000);
+    let name = if wait { "waited" } else { "unwaited" };
+    let cluster = start_cluster(3, 1).await;
+    let (owners, victim) = blocking(&cluster, |c| layout(c, PREFIX)).await;
+    let shards = owners.iter().filter(|&&o| o == victim).count();
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let mut args = vec!["--redis-cluster", seeds.as_str()];
+    if wait {
+        args.extend(["--redis-wait", "1"]);
+    }
+    let mut daemon = Daemon::start(&args).await;
+    let (_tx, endpoint) = watch::channel(Some(daemon.addr));
+    let ledger = Arc::new(Ledger::default());
+    let producers: Vec<_> = (0..2)
+        .map(|p| {
+            let puts = (p * per_producer..(p + 1) * per_producer)
+                .map(|n| job(name, n, 5))
+                .collect();
+            let (endpoint, ledger) = (endpoint.clone(), ledger.clone());
+            tokio::spawn(async move {
+                let who = format!("producer-{p}");
+                produce(&who, endpoint, ledger, puts, 2, Duration::from_millis(20)).await;
+            })
+        })
+        .collect();
+    let workers: Vec<_> = (0..2)
+        .map(|w| {
+            tokio::spawn(work(
+                format!("worker-{w}"),
+                endpoint.clone(),
+                ledger.clone(),
+                2,
+            ))
+        })
+        .collect();
+    // A connection that does nothing through the outage but must outlive it.
+    let mut idle = daemon.client().await;
+    idle.ping().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let prober = tokio::spawn(probe(
+        daemon.addr,
+        ids_on(owners, victim, &format!("probe-{name}")),
+        stop.clone(),
+        seen.clone(),
+    ));
+
+    wait_until(
+        "a third of the jobs acknowledged",
+        Duration::from_secs(30),
+        || ledger.acked_count() >= per_producer * 2 / 3,
+    )
+    .await;
+    let killed = Instant::now();
+    blocking(&cluster, move |c| c.kill(victim)).await;
+    let promoted = blocking(&cluster, move |c| c.wait_for_failover(victim)).await;
+    let failover = killed.elapsed();
+    blocking(&cluster, move |c| c.restart(victim)).await;
+    let rejoined = killed.elapsed();
+    let back = || {
+        let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.iter()
+            .find(|p| p.sent > killed && p.inserted)
+            .map(|p| p.sent + p.took - killed)
+    };
+    // Well before the producers give up on `stats` (30 s after their
+    // first refusal), so that this says what went wrong.
+    wait_until(
+        "a put on the killed primary's shards to be acknowledged again once the cluster \
+         healed (if every command times out meanwhile, delayq's cluster connection never \
+         recovered from the failover)",
+        Duration::from_secs(20),
+        || back().is_some(),
+    )
+    .await;
+    let puts_back = back().expect("just seen");
+    stop.store(true, Ordering::SeqCst);
+    let doubt = prober
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    for (p, task) in producers.into_iter().enumerate() {
+        join(&format!("producer {p}"), task, &ledger).await;
+    }
+    // The probe's puts in doubt may be stored: gone before the workers
+    // wait for every job to be done.
+    delete_all(daemon.addr, &doubt).await;
+    ledger.done.store(true, Ordering::SeqCst);
+    for (w, task) in workers.into_iter().enumerate() {
+        join(&format!("worker {w}"), task, &ledger)
+            .await
+            .expect("the worker's process lives on");
+    }
+
+    still_up(&mut daemon);
+    assert_eq!(idle.cmd("list-tube-used").await, "USING default");
+    let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+    assert!(
+        seen.iter().any(|p| p.sent > killed && !p.inserted),
+        "no probe put met the dead primary: the kill was not felt"
+    );
+    let slowest_put = seen.iter().map(|p| p.took).max().unwrap_or_default();
+    assert!(
+        slowest_put <= Duration::from_secs(3),
+        "a put took {slowest_put:?} to be answered; each command is limited to 2 s"
+    );
+    let summary = ledger.check_with(false, !wait);
+    assert_eq!(
+        summary.acked + summary.in_doubt,
+        2 * per_producer,
+        "every put was answered: {summary:?}"
+    );
+    assert_ne!(promoted, victim);
+    PrimaryKilled {
+        summary,
+        shards,
+        failover,
+        rejoined,
+        puts_back,
+        slowest_put,
+    }
+}
+
+/// Prints what [`primary_killed_under_load`] saw.
+fn report(how: &str, run: &PrimaryKilled, took: Duration) {
+    let s = &run.summary;
+    eprintln!(
+        "cluster primary SIGKILLed under load ({how}): it served the control slot and {} of \
+         {SHARDS} shards; failover {:.1?}, node back as a replica {:.1?}, puts on its shards \
+         failed for {:.1?} (slowest put answered in {:.2?}); {} jobs acknowledged, {} of them \
+         lost, {} puts in doubt, {} delivered twice; {s:?} in {took:.1?}",
+        run.shards,
+        run.failover,
+        run.rejoined,
+        run.puts_back,
+        run.slowest_put,
+        s.acked,
+        s.lost.len(),
+        s.in_doubt,
+        s.redelivered,
+    );
+}
+
+/// With `--redis-wait 1` a put is acknowledged only once the replica has
+/// it, so the failover loses none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "known bug: with --redis-wait 1, puts on the killed primary's shards were still \
+            refused 20 s after the failover, though the old primary had rejoined as the new \
+            one's replica (without --redis-wait they came back after 4.9 s)"]
+async fn a_primary_killed_under_load_loses_nothing_acknowledged_with_wait() {
+    let started = Instant::now();
+    let run = primary_killed_under_load(true).await;
+    report("--redis-wait 1", &run, started.elapsed());
+    assert!(run.summary.lost.is_empty(), "{:?}", run.summary);
+}
+
+/// Without `--redis-wait`, Redis replicates asynchronously and a failover
+/// may lose what the primary acknowledged last: the test reports how many,
+/// and asserts only that delayq and its connections lived through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_primary_killed_under_load_without_wait_reports_its_loss() {
+    let started = Instant::now();
+    let run = primary_killed_under_load(false).await;
+    report("no --redis-wait", &run, started.elapsed());
+}
+
+/// How late the jobs of [`handed_over`] came, past their due time.
+struct Lateness {
+    latest: Duration,
+    /// Jobs more than a second late: those whose shard the killed process
+    /// ticked, which waited for its alive mark to expire.
+    late: usize,
+}
+
+/// Two delayq processes on one cluster under `prefix`; 128 jobs, delayed 2
+/// or 3 s, put through the first, spread over the shards. Then one is
+/// SIGKILLed before they fall due: the other (`kill_producer`: the first
+/// one, else the second) must take over the shards the dead one ticked, so
+/// a worker on the survivor gets every job, none early and none more than
+/// a few seconds late.
+async fn handed_over(seeds: &str, prefix: &str, kill_producer: bool) -> Lateness {
+    const JOBS: usize = 128;
+    const LATE_LIMIT: Duration = Duration::from_secs(5);
+    let args = ["--redis-cluster", seeds, "--redis-prefix", prefix];
+    let producer_side = Daemon::start(&args).await;
+    let other = Daemon::start(&args).await;
+    // Each process renews its alive mark and reads the live ones every
+    // 0.5 s (its timer sleeps at most 1 s): by now each knows the other,
+    // and the shards are divided between them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut producer = producer_side.client().await;
+    let mut due = std::collections::HashMap::new();
+    for n in 0..JOBS {
+        let body = format!("{prefix}{n}");
+        let delay = 2 + (n % 2) as u32;
+        let sent = Instant::now();
+        producer.put_ok(0, delay, 30, body.as_bytes()).await;
+        due.insert(body, sent + Duration::from_secs(delay.into()));
+    }
+    let (mut survivor, mut dead) = (producer_side, other);
+    if kill_producer {
+        std::mem::swap(&mut survivor, &mut dead);
+    }
+    dead.kill();
+    let killed = Instant::now();
+    let last_due = due.values().max().copied().expect("jobs");
+    assert!(last_due > killed, "the jobs fell due before the kill");
+
+    let mut worker = survivor.client().await;
+    let mut latest = Duration::ZERO;
+    let mut late = 0;
+    while !due.is_empty() {
+        assert!(
+            Instant::now() < last_due + LATE_LIMIT + Duration::from_secs(2),
+            "{} of {JOBS} jobs never came after the process that ticked their shards was \
+             killed: {:?}",
+            due.len(),
+            due.keys().take(10).collect::<Vec<_>>()
+        );
+        let line = worker.cmd("reserve-with-timeout 1").await;
+        if line == "TIMED_OUT" {
+            continue;
+        }
+        let job = worker.job_after("RESERVED", &line).await;
+        let at = Instant::now();
+        let body = String::from_utf8(job.body).expect("a text body");
+        let due_at = due
+            .remove(&body)
+            .unwrap_or_else(|| panic!("{body:?} delivered twice, or never put"));
+        assert!(
+            at + Duration::from_millis(20) >= due_at,
+            "{body} delivered {:?} early",
+            due_at - at
+        );
+        let after = at.saturating_duration_since(due_at);
+        assert!(
+            after <= LATE_LIMIT,
+            "{body} delivered {after:?} after it was due"
+        );
+        latest = latest.max(after);
+        late += usize::from(after > Duration::from_secs(1));
+        assert_eq!(worker.cmd(&format!("delete {}", job.id)).await, "DELETED");
+    }
+    still_up(&mut survivor);
+    Lateness { latest, late }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_delayq_process_hands_its_shards_to_another() {
+    let started = Instant::now();
+    let cluster = start_cluster(3, 0).await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    // A worker's process killed: the producer's takes its shards over.
+    let worker_side = handed_over(&seeds, "worker-killed:", false).await;
+    // The producer's process killed: the worker's takes its shards over.
+    let producer_side = handed_over(&seeds, "producer-killed:", true).await;
+    for (what, l) in [
+        ("the other process", &worker_side),
+        ("the producer's process", &producer_side),
+    ] {
+        eprintln!(
+            "delayed jobs with {what} SIGKILLed before they fell due: all 128 delivered by the \
+             survivor, the latest {:.2?} after it was due, {} more than 1 s late",
+            l.latest, l.late
+        );
+    }
+    eprintln!("handover test took {:.1?}", started.elapsed());
+}
+
+/// Longest a put may take to answer while Redis is frozen: each command is
+/// limited to 2 s on the Redis engines.
+const FROZEN_PUT_LIMIT: Duration = Duration::from_millis(2500);
+/// Longest `reserve-with-timeout 1` may take then: its timeout and 2 s.
+const FROZEN_RESERVE_LIMIT: Duration = Duration::from_secs(3);
+
+/// Clients of one delayq process, ready to find its Redis frozen.
+struct Frozen {
+    addr: SocketAddr,
+    /// Connections putting in the tube `during`, with the ids they use.
+    putters: Vec<Client>,
+    ids: Vec<String>,
+    /// Connections reserving from `default`, where ready jobs wait.
+    reservers: Vec<Client>,
+}
+
+/// The slowest replies of one round of [`Frozen::round`].
+#[derive(Debug, Default, Clone, Copy)]
+struct Slowest {
+    put: Duration,
+    reserve: Duration,
+}
+
+impl Frozen {
+    /// Three putters and three reservers on delayq at `addr`, and 10 ready
+    /// jobs in `default`; `ids` gives the client-chosen ids of every job
+    /// (on a cluster, all on the primary to be frozen).
+    async fn prepare(addr: SocketAddr, ids: impl Iterator<Item = String>) -> Frozen {
+        let mut ids: Vec<String> = ids.take(10 + 3 * 2).collect();
+        let mut c = Client::connect(addr).await;
+        for id in ids.drain(..10) {
+            assert_eq!(
+                c.put_id(0, 0, 60, id.as_bytes(), &id).await,
+                format!("INSERTED {id}")
+            );
+        }
+        let mut putters = Vec::new();
+        let mut reservers = Vec::new();
+        for _ in 0..3 {
+            let mut p = Client::connect(addr).await;
+            assert_eq!(p.cmd("use during").await, "USING during");
+            putters.push(p);
+            let mut r = Client::connect(addr).await;
+            r.ping().await;
+            reservers.push(r);
+        }
+        Frozen {
+            addr,
+            putters,
+            ids,
+            reservers,
+        }
+    }
+
+    /// Every client asks at once while Redis is frozen: each put must be
+    /// refused with `INTERNAL_ERROR` and each `reserve-with-timeout 1` must
+    /// time out or fail, all in time.
+    async fn round(&mut self) -> Slowest {
+        let mut tasks = Vec::new();
+        for mut p in std::mem::take(&mut self.putters) {
+            let id = self.ids.pop().expect("an id for each put");
+            tasks.push(tokio::spawn(async move {
+                let start = Instant::now();
+                let reply = p.put_id(0, 0, 60, id.as_bytes(), &id).await;
+                let took = start.elapsed();
+                assert_eq!(reply, "INTERNAL_ERROR", "put {id} while Redis is frozen");
+                assert!(
+                    took <= FROZEN_PUT_LIMIT,
+                    "put {id} answered after {took:?} while Redis is frozen"
+                );
+                (p, true, took)
+            }));
+        }
+        for mut r in std::mem::take(&mut self.reservers) {
+            tasks.push(tokio::spawn(async move {
+                let start = Instant::now();
+                let reply = r.cmd("reserve-with-timeout 1").await;
+                let took = start.elapsed();
+                assert!(
+                    reply == "TIMED_OUT" || reply == "INTERNAL_ERROR",
+                    "reserve-with-timeout 1 while Redis is frozen answered {reply:?}"
+                );
+                assert!(
+                    took <= FROZEN_RESERVE_LIMIT,
+                    "reserve-with-timeout 1 answered after {took:?} while Redis is frozen"
+                );
+                (r, false, took)
+            }));
+        }
+        let mut slowest = Slowest::default();
+        for task in tasks {
+            let (c, put, took) = task
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+            if put {
+                slowest.put = slowest.put.max(took);
+                self.putters.push(c);
+            } else {
+                slowest.reserve = slowest.reserve.max(took);
+                self.reservers.push(c);
+            }
+        }
+        slowest
+    }
+
+    /// After Redis runs again: a new job is taken (within 20 s, while a
+    /// cluster heals) and delivered, and every connection of the freeze is
+    /// served as usual. Returns how long the first put took to be taken.
+    async fn thawed(mut self) -> Duration {
+        let thawed = Instant::now();
+        let mut c = Client::connect(self.addr).await;
+        // `use` needs Redis too (it counts the tube's users there).
+        let mut using = false;
+        loop {
+            if !using {
+                match c.cmd("use after").await.as_str() {
+                    "USING after" => using = true,
+                    "INTERNAL_ERROR" => {}
+                    other => panic!("use after answered {other:?}"),
+                }
+            }
+            if using {
+                match c.put(0, 0, 60, b"after").await.as_str() {
+                    "INTERNAL_ERROR" => {}
+                    reply => {
+                        assert!(reply.starts_with("INSERTED "), "{reply}");
+                        break;
+                    }
+                }
+            }
+            assert!(
+                thawed.elapsed() < Duration::from_secs(20),
+                "delayq still refuses puts 20 s after Redis was let run"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let back = thawed.elapsed();
+        assert_eq!(c.cmd("watch after").await, "WATCHING 2");
+        assert_eq!(c.cmd("ignore default").await, "WATCHING 1");
+        let job = c.reserved("reserve-with-timeout 5").await;
+        assert_eq!(job.body, b"after");
+        assert_eq!(c.cmd(&format!("delete {}", job.id)).await, "DELETED");
+        for p in &mut self.putters {
+            assert_eq!(p.cmd("list-tube-used").await, "USING during");
+            p.put_ok(0, 0, 60, b"after the freeze").await;
+        }
+        // Of the 10 ready jobs at most 6 were taken by the reserves the
+        // freeze held up (Redis runs them once it runs again).
+        for r in &mut self.reservers {
+            // A cluster may still be settling on the node that was frozen.
+            let line = loop {
+                match r.cmd("reserve-with-timeout 5").await.as_str() {
+                    "INTERNAL_ERROR" if thawed.elapsed() < Duration::from_secs(20) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    line => break line.to_string(),
+                }
+            };
+            let job = r.job_after("RESERVED", &line).await;
+            assert!(job.body.starts_with(b"frozen-"), "{:?}", job.body);
+            assert_eq!(r.cmd(&format!("delete {}", job.id)).await, "DELETED");
+        }
+        back
+    }
+}
+
+/// Sends `signal` to process `pid`.
+fn signal(pid: u32, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("a pid");
+    // SAFETY: kill(2) on our own child redis-server, not reaped yet.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_frozen_every_reply_in_time() {
+    let started = Instant::now();
+
+    // One Redis, frozen whole.
+    let redis = RedisServer::start(&[]);
+    let pid = redis.pid().expect("redis-server runs");
+    let daemon = Daemon::redis(&redis.url).await;
+    let ids = (0..).map(|n| format!("frozen-{n}"));
+    let mut clients = Frozen::prepare(daemon.addr, ids).await;
+    signal(pid, libc::SIGSTOP);
+    let single = [clients.round().await, clients.round().await];
+    signal(pid, libc::SIGCONT);
+    let single_back = clients.thawed().await;
+
+    // A cluster, its primary serving the jobs' shards frozen (not the one
+    // serving the control slot, which other commands need).
+    let cluster = start_cluster(3, 0).await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
+    let (owners, control) = blocking(&cluster, |c| layout(c, PREFIX)).await;
+    let node = blocking(&cluster, move |c| {
+        c.masters()
+            .into_iter()
+            .find(|&m| m != control)
+            .expect("another primary")
+    })
+    .await;
+    let mut clients = Frozen::prepare(daemon.addr, ids_on(owners, node, "frozen")).await;
+    blocking(&cluster, move |c| c.stop(node)).await;
+    let sharded = [clients.round().await, clients.round().await];
+    blocking(&cluster, move |c| c.cont(node)).await;
+    let sharded_back = clients.thawed().await;
+
+    eprintln!(
+        "Redis frozen with SIGSTOP, 3 puts and 3 reserve-with-timeout 1 at once, twice: \
+         one Redis: slowest {single:?}, puts taken {single_back:.1?} after SIGCONT; \
+         cluster (one primary frozen): slowest {sharded:?}, puts taken {sharded_back:.1?} \
+         after SIGCONT; in {:.1?}",
+        started.elapsed()
+    );
+}
