@@ -12,6 +12,12 @@ OPS.put = function(tube, name, pri, delay, ttr, body)
     local at = string.find(name, '#', 1, true)
     key, name = string.sub(name, 1, at - 1), string.sub(name, at + 1)
     if key == '' then key, name = name, '' end
+    -- Should the control slot's primary fail before its replica had the
+    -- sequence's last step, keys are handed out again: a job never
+    -- replaces another. (The put fails; the producer tries again.)
+    if redis.call('HEXISTS', P .. 'jobs', key) == 1 then
+      return redis.error_reply('delayq: job key ' .. key .. ' is taken (the key sequence went back)')
+    end
   end
   if name ~= '' and redis.call('HEXISTS', P .. 'names', name) == 1 then return 0 end
   pri, delay, ttr = tonumber(pri), tonumber(delay), tonumber(ttr)

@@ -490,7 +490,17 @@ impl Store for RedisStore {
             Arg::Int(millis(job.ttr)),
             Arg::Body(job.body),
         ];
-        let got = self.op_on(shard, Kind::Puts, "put", args).await?;
+        let got = match self.op_on(shard, Kind::Puts, "put", args).await {
+            Err(StoreError::Unavailable(why)) if why.contains("is taken") => {
+                // The cluster-wide key sequence went back (a failover of
+                // the control slot's primary lost its last steps): this
+                // block's keys may all be taken; the next put takes a new
+                // block. This one fails, and its producer tries again.
+                *self.keys.lock().await = (0, 0);
+                return Err(StoreError::Unavailable(why));
+            }
+            got => got?,
+        };
         let outcome = match (got, name) {
             (Value::Int(0), Some(name)) => return Ok(PutOutcome::Exists(JobId::Client(name))),
             (Value::BulkString(_), Some(name)) => PutOutcome::Inserted(JobId::Client(name)),
