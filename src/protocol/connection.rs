@@ -333,17 +333,17 @@ async fn wait<S: Store>(
     // connection holds while it waits is only the waiting itself.
     let limit = session.broker().call_limit();
     let (waiter, mut rx) = session.broker().register(session.id, tubes.clone());
-    // Served within the loop, not before it: should the store hang, the
-    // timeout still ends the wait on time.
+    // Served in a task of its own, not before the loop: should the store
+    // hang, the timeout still ends the wait on time; and a pass is never
+    // cut off half way (a job it reserved for a waiter that left is given
+    // back, not left reserved by a closed connection).
     let shared = session.shared.clone();
     let serving_tubes = tubes.clone();
-    let mut serving = Box::pin(async move { shared.broker.serve_waiting(&serving_tubes).await });
-    let mut served = false;
+    tokio::spawn(async move { shared.broker.serve_waiting(&serving_tubes).await });
     let mut ahead = BytesMut::new();
     let give_up = loop {
         let socket = wire.get_ref();
         tokio::select! {
-            () = &mut serving, if !served => served = true,
             handed = &mut rx => {
                 wire.read_buffer_mut().extend_from_slice(&ahead);
                 // A sender is only dropped unsent if the waiter was taken
