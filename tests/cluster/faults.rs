@@ -7,42 +7,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use delayq::store::redis::{SHARDS, shard_tag};
+
 use crate::common::Client;
 use crate::common::cluster::{RedisCluster, Reply, query};
 use crate::common::daemon::Daemon;
 use crate::common::sentinel::RedisSentinel;
 
-/// Shards of a cluster deployment, as delayq has them.
-const SHARDS: usize = 64;
-/// Hash slots of a cluster.
-const SLOTS: usize = 16_384;
 /// The prefix delayq uses unless told otherwise.
 const PREFIX: &str = "delayq:";
 
-/// The slot Redis gives `key`: CRC16 of its hash tag (the text between the
-/// first `{` and the next `}`, if not empty), or of the whole key.
+/// The slot Redis gives `key`.
 fn slot(key: &str) -> u16 {
-    let key = key.as_bytes();
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
-}
-
-/// Shard `k`'s hash tag under `prefix`, `{PREFIX-k.n}` with the least `n`
-/// whose slot lies in the `k`-th of 64 equal ranges of slots, as delayq
-/// works it out (`src/store/redis/shards.rs`).
-fn shard_tag(prefix: &str, k: usize) -> String {
-    (0u32..)
-        .map(|n| format!("{{{prefix}-{k}.{n}}}"))
-        .find(|tag| usize::from(slot(tag)) * SHARDS / SLOTS == k)
-        .expect("some n gives a slot in every range")
+    u16::try_from(delayq::store::redis::slot(key.as_bytes())).expect("slots fit in u16")
 }
 
 /// Starts a topology off the runtime's threads.

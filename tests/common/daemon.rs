@@ -88,7 +88,7 @@ impl Daemon {
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(log_for(port))
                 .spawn()
                 .expect("spawn delayq");
             let mut daemon = Daemon {
@@ -151,4 +151,16 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Where a started delayq's log goes: to `$DELAYQ_TEST_LOGS/delayq-PORT.log`
+/// when that is set (to see what a server did in a failed run), else away.
+fn log_for(port: u16) -> Stdio {
+    let Some(dir) = std::env::var_os("DELAYQ_TEST_LOGS") else {
+        return Stdio::null();
+    };
+    let path = std::path::Path::new(&dir).join(format!("delayq-{port}.log"));
+    std::fs::File::create(&path)
+        .map(Stdio::from)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()))
 }

@@ -4,17 +4,17 @@
 //! delayed jobs; and Redis frozen with SIGSTOP while clients wait for
 //! their replies.
 //!
-//! The cluster's layout is worked out here as delayq works it out
-//! (`src/store/redis/shards.rs`): shard `k`'s keys carry the hash tag
-//! `{PREFIX-k.n}` with the least `n` whose slot lies in the `k`-th of 64
-//! equal ranges of slots, and a client-chosen id lives in the shard of its
-//! own slot. So a test can aim jobs at the primary it is about to break.
+//! The cluster's layout comes from delayq's own functions (whose unit tests
+//! check the slots against Redis): shard `k`'s keys carry one hash tag, and
+//! a client-chosen id lives in the shard of its own slot. So a test can aim
+//! jobs at the primary it is about to break.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use delayq::store::redis::{SHARDS, shard_of_key, shard_tag};
 use tokio::sync::watch;
 
 use crate::common::Client;
@@ -25,40 +25,12 @@ use crate::conn::{Gone, Io};
 use crate::ledger::{Ledger, Summary};
 use crate::load::{job, join, produce, wait_until, work};
 
-/// Shards of a cluster deployment, as delayq has them.
-const SHARDS: usize = 64;
-/// Hash slots of a cluster.
-const SLOTS: usize = 16_384;
 /// The prefix delayq uses unless told otherwise.
 const PREFIX: &str = "delayq:";
 
-/// The slot Redis gives `key`: CRC16 of its hash tag (the text between the
-/// first `{` and the next `}`, if not empty), or of the whole key.
+/// The slot Redis gives `key`.
 fn slot(key: &str) -> u16 {
-    let key = key.as_bytes();
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
-}
-
-/// The shard whose range of slots holds `key`'s slot.
-fn shard_of(key: &str) -> usize {
-    usize::from(slot(key)) * SHARDS / SLOTS
-}
-
-/// Shard `k`'s hash tag under `prefix`.
-fn shard_tag(prefix: &str, k: usize) -> String {
-    (0u32..)
-        .map(|n| format!("{{{prefix}-{k}.{n}}}"))
-        .find(|tag| shard_of(tag) == k)
-        .expect("some n gives a slot in every range")
+    u16::try_from(delayq::store::redis::slot(key.as_bytes())).expect("slots fit in u16")
 }
 
 /// The node serving each shard of `prefix` now, and the one serving the
@@ -80,7 +52,7 @@ fn ids_on(
     let stem = stem.to_string();
     (0u64..)
         .map(move |n| format!("{stem}-{n}"))
-        .filter(move |id| owners[shard_of(id)] == node)
+        .filter(move |id| owners[shard_of_key(id.as_bytes())] == node)
 }
 
 /// A topology shared with the blocking tasks that break it.
@@ -361,9 +333,6 @@ fn report(how: &str, run: &PrimaryKilled, took: Duration) {
 /// With `--redis-wait 1` a put is acknowledged only once the replica has
 /// it, so the failover loses none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known bug: after a primary is SIGKILLed under load, the redis crate's cluster \
-            connection sometimes never finishes its slot refresh and every call times out \
-            until delayq restarts (about 1 run in 6; seen with and without --redis-wait)"]
 async fn a_primary_killed_under_load_loses_nothing_acknowledged_with_wait() {
     let started = Instant::now();
     let run = primary_killed_under_load(true).await;
@@ -375,9 +344,6 @@ async fn a_primary_killed_under_load_loses_nothing_acknowledged_with_wait() {
 /// may lose what the primary acknowledged last: the test reports how many,
 /// and asserts only that delayq and its connections lived through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known bug: after a primary is SIGKILLed under load, the redis crate's cluster \
-            connection sometimes never finishes its slot refresh and every call times out \
-            until delayq restarts (about 1 run in 6; seen with and without --redis-wait)"]
 async fn a_primary_killed_under_load_without_wait_reports_its_loss() {
     let started = Instant::now();
     let run = primary_killed_under_load(false).await;

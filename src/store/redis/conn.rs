@@ -5,15 +5,20 @@
 //! failover is followed without a restart).
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::sentinel::SentinelClient;
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
+};
+use tracing::{info, warn};
 
 /// How long a Redis call may take before it fails with `INTERNAL_ERROR`.
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -38,7 +43,7 @@ pub enum Target {
 #[derive(Clone)]
 pub(super) enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Watched),
     Sentinel(Followed),
 }
 
@@ -56,7 +61,7 @@ impl Conn {
                     MultipleNodeRoutingInfo::AllMasters,
                     Some(ResponsePolicy::AllSucceeded),
                 ));
-                c.route_command(cmd, all).await.map(drop)
+                c.route(cmd, all).await.map(drop)
             }
             other => {
                 let loaded: RedisResult<String> = redis::cmd("FUNCTION")
@@ -87,8 +92,7 @@ impl Conn {
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(slot, SlotAddr::Master),
                 ));
-                redis::from_redis_value(c.route_command(cmd, route).await?)
-                    .map_err(RedisError::from)
+                redis::from_redis_value(c.route(cmd, route).await?).map_err(RedisError::from)
             }
             other => cmd.query_async(other).await,
         }
@@ -99,7 +103,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => Box::pin(c.command(cmd)),
             Conn::Sentinel(c) => Box::pin(c.command(cmd)),
         }
     }
@@ -112,7 +116,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => Box::pin(c.commands(pipeline, offset, count)),
             Conn::Sentinel(c) => Box::pin(c.commands(pipeline, offset, count)),
         }
     }
@@ -120,7 +124,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(_) => 0,
             Conn::Sentinel(_) => 0,
         }
     }
@@ -213,6 +217,128 @@ impl Followed {
             Ok(mut c) => c.req_packed_commands(pipeline, offset, count).await,
             Err(e) => Err(e),
         };
+        self.check(result)
+    }
+}
+
+/// How long a cluster connection may fail every call before it is built
+/// anew. A failover leaves slots without a primary for about the cluster's
+/// node timeout, and the connection recovers from that by itself; but the
+/// redis crate's connection has been seen never to finish refreshing its
+/// slots after a primary was killed under load, timing out every call
+/// until the process restarted (as in redis-rs #2418). A fresh connection
+/// asks the seeds for the slots from scratch.
+const STUCK_AFTER: Duration = Duration::from_secs(4);
+
+/// A cluster connection with a watchdog: once every call has failed for
+/// [`STUCK_AFTER`], a new connection is built in the background and
+/// replaces it, while the old one keeps serving (or failing) until then.
+#[derive(Clone)]
+pub(super) struct Watched {
+    client: Arc<ClusterClient>,
+    state: Arc<Mutex<Watch>>,
+}
+
+struct Watch {
+    conn: ClusterConnection,
+    /// When the first of an unbroken run of failed calls ended.
+    failing_since: Option<Instant>,
+    /// Whether a new connection is being built.
+    rebuilding: bool,
+}
+
+/// Whether `e` says the call may not have reached a working primary, as
+/// opposed to an answer from one (a script's error, a wrong type).
+fn unreachable(e: &RedisError) -> bool {
+    lost_primary(e)
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::MasterDown) | ErrorKind::ClusterConnectionNotFound
+        )
+}
+
+impl Watched {
+    /// Connects to the cluster through `client`'s seeds.
+    pub async fn connect(client: ClusterClient) -> RedisResult<Watched> {
+        let conn = client.get_async_connection().await?;
+        Ok(Watched {
+            client: Arc::new(client),
+            state: Arc::new(Mutex::new(Watch {
+                conn,
+                failing_since: None,
+                rebuilding: false,
+            })),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watch> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn conn(&self) -> ClusterConnection {
+        self.lock().conn.clone()
+    }
+
+    /// Notes how a call went, and starts a new connection if calls have
+    /// failed for too long.
+    fn check<T>(&self, result: RedisResult<T>) -> RedisResult<T> {
+        let mut watch = self.lock();
+        match &result {
+            Err(e) if unreachable(e) => {
+                let since = *watch.failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= STUCK_AFTER && !watch.rebuilding {
+                    watch.rebuilding = true;
+                    warn!(
+                        failing_for = ?since.elapsed(),
+                        error = %e,
+                        "every Redis Cluster call has failed for a while: connecting anew"
+                    );
+                    tokio::spawn(self.clone().rebuild());
+                }
+            }
+            _ => watch.failing_since = None,
+        }
+        result
+    }
+
+    async fn rebuild(self) {
+        let fresh =
+            tokio::time::timeout(CALL_TIMEOUT * 2, self.client.get_async_connection()).await;
+        let mut watch = self.lock();
+        watch.rebuilding = false;
+        match fresh {
+            Ok(Ok(conn)) => {
+                info!("new Redis Cluster connection in use");
+                watch.conn = conn;
+                // The new connection gets its own time to show it works.
+                watch.failing_since = None;
+            }
+            Ok(Err(e)) => warn!(error = %e, "cannot connect to the Redis Cluster yet"),
+            Err(_) => warn!("connecting to the Redis Cluster timed out"),
+        }
+    }
+
+    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let result = self.conn().req_packed_command(cmd).await;
+        self.check(result)
+    }
+
+    async fn commands(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let result = self
+            .conn()
+            .req_packed_commands(pipeline, offset, count)
+            .await;
+        self.check(result)
+    }
+
+    async fn route(&self, cmd: Cmd, routing: RoutingInfo) -> RedisResult<Value> {
+        let result = self.conn().route_command(cmd, routing).await;
         self.check(result)
     }
 }

@@ -6,7 +6,7 @@ use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClient;
 use tracing::warn;
 
-use super::conn::{CALL_TIMEOUT, Conn};
+use super::conn::{CALL_TIMEOUT, Conn, Watched};
 use super::decode::fail;
 use super::library::Library;
 use crate::error::StoreResult;
@@ -39,7 +39,7 @@ pub(super) async fn cluster(seeds: &[String]) -> StoreResult<Conn> {
         .max_retry_wait(500)
         .build()
         .map_err(fail)?;
-    let conn = client.get_async_connection().await.map_err(fail)?;
+    let conn = Watched::connect(client).await.map_err(fail)?;
     Ok(Conn::Cluster(conn))
 }
 

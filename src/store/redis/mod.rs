@@ -35,7 +35,7 @@ mod shards;
 
 pub use conn::Target;
 pub use library::bench_call;
-pub use shards::{DEFAULT_SPREAD, SHARDS};
+pub use shards::{DEFAULT_SPREAD, SHARDS, shard_of_key, shard_tag, slot};
 
 use batch::{Arg, Op};
 use conn::Conn;

@@ -69,9 +69,15 @@ fn shard_of_slot(slot: usize) -> usize {
     slot * SHARDS / SLOTS
 }
 
+/// The shard a client-chosen id's job lives in: the one whose range holds
+/// the slot Redis would give the id as a key.
+pub fn shard_of_key(key: &[u8]) -> usize {
+    shard_of_slot(slot(key))
+}
+
 /// Shard `k`'s hash tag, `{PREFIX-k.n}` with the least `n` whose slot lies
 /// in the shard's range: the same in every process, found in microseconds.
-fn shard_tag(prefix: &str, k: usize) -> String {
+pub fn shard_tag(prefix: &str, k: usize) -> String {
     (0u32..)
         .map(|n| format!("{{{prefix}-{k}.{n}}}"))
         .find(|tag| shard_of_slot(slot(tag.as_bytes())) == k)
@@ -206,7 +212,7 @@ impl Sharding {
     pub fn locate(&self, id: &JobId) -> usize {
         match id {
             JobId::Server(n) => (*n % SHARDS as u64) as usize,
-            JobId::Client(name) => shard_of_slot(slot(name.as_bytes())),
+            JobId::Client(name) => shard_of_key(name.as_bytes()),
         }
     }
 
