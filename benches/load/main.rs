@@ -10,7 +10,7 @@
 //!     --targets 'delayq-durable,delayq-durable:-s 1048576'   # KIND:ARGS adds arguments
 //! cargo bench --bench load -- restart --target beanstalkd-b --stops kill,term
 //! cargo bench --bench load -- cycle --target delayq-redis
-//! cargo bench --bench load -- cycle --addr 127.0.0.1:11300 [--pid PID] [--redis URL]
+//! cargo bench --bench load -- cycle --addr 127.0.0.1:11300 [--pid PID] [--redis URL[,URL...]]
 //! cargo bench --bench load -- ceiling            # what Redis itself allows
 //! ```
 //!
@@ -95,7 +95,8 @@ struct Cli {
     /// With --addr: the server's process id, for its memory and CPU.
     #[arg(long)]
     pid: Option<u32>,
-    /// With --addr: the Redis behind the server, for its INFO.
+    /// With --addr: the Redis behind the server, for its INFO (on a
+    /// cluster, every primary's URL, comma-separated).
     #[arg(long)]
     redis: Option<String>,
     /// Without --addr: the server to start for one workload (`KIND` or
@@ -217,7 +218,7 @@ fn program(name: &str, package: &str) -> io::Result<PathBuf> {
 
 async fn run(what: What, addr: SocketAddr, probe: &Probe, o: &Opts) -> io::Result<Report> {
     match what {
-        What::Cycle => workloads::cycle(addr, o).await,
+        What::Cycle => workloads::cycle(addr, o, probe).await,
         What::Pipeline => workloads::pipeline(addr, o).await,
         What::Lateness => workloads::lateness(addr, o).await,
         What::Backlog => workloads::backlog(addr, o, probe).await,

@@ -352,7 +352,8 @@ impl Target {
 pub struct Probe {
     /// The server's process, for RSS and CPU.
     pub pid: Option<u32>,
-    /// The Redis behind it, for `INFO`.
+    /// The Redis behind it, for `INFO`: on a cluster, every primary's
+    /// URL, comma-separated.
     pub redis: Option<String>,
 }
 
@@ -447,6 +448,14 @@ impl Info {
                 .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
                 .collect(),
         ))
+    }
+
+    /// A field's text, if INFO has it.
+    pub fn text(&self, field: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == field)
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn num(&self, field: &str) -> io::Result<f64> {

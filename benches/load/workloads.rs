@@ -131,7 +131,7 @@ async fn join<T: 'static>(mut tasks: JoinSet<io::Result<T>>) -> io::Result<Vec<T
 }
 
 /// `cycle`: connections each looping put, reserve, delete of one job.
-pub async fn cycle(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
+pub async fn cycle(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
     if o.prefill > 0 {
         let fill = Opts {
             backlog: o.prefill,
@@ -143,6 +143,7 @@ pub async fn cycle(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
     let log_before = log_figures(&mut watch).await?;
     let from = Instant::now() + secs(o.warmup);
     let until = from + secs(o.secs);
+    let costs = tokio::spawn(costs(probe.clone(), from, until));
     let body: Arc<[u8]> = vec![b'x'; o.body].into();
     let mut tasks = JoinSet::new();
     for _ in 0..o.conns {
@@ -188,6 +189,8 @@ pub async fn cycle(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
     let log_after = log_figures(&mut watch).await?;
     let mut report = Report::default();
     report.add("cycles/s", "/s", cycles as f64 / o.secs);
+    let costs = costs.await.map_err(io::Error::other)??;
+    costs.report(&mut report, cycles as f64);
     if let (Some(before), Some(after)) = (log_before, log_after) {
         // Over the whole run, warm-up included: whether the log moved on
         // to new files and compacted (dropped old ones) while measured.
@@ -615,4 +618,85 @@ pub async fn conns(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
     stop.cancel();
     join(waiters).await?;
     Ok(report)
+}
+
+/// What the server (and each Redis behind it) spent over a measured window.
+#[derive(Default)]
+struct Costs {
+    /// The server's CPU time.
+    server: Option<Duration>,
+    /// Each Redis node's CPU seconds and `FCALL`s.
+    redis: Vec<(f64, f64)>,
+}
+
+/// One Redis node's CPU seconds and `FCALL`s so far.
+async fn redis_costs(conn: &mut MultiplexedConnection) -> io::Result<(f64, f64)> {
+    let info = Info::read(conn).await?;
+    let cpu = info.num("used_cpu_sys")? + info.num("used_cpu_user")?;
+    // `cmdstat_fcall:calls=N,usec=...`; absent before the first call.
+    let calls = info
+        .text("cmdstat_fcall")
+        .and_then(|v| v.strip_prefix("calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    Ok((cpu, calls))
+}
+
+/// Reads the server's CPU and its Redis nodes' (`probe.redis`: URLs,
+/// comma-separated, one per node of a cluster) at `from` and at `until`.
+async fn costs(probe: Probe, from: Instant, until: Instant) -> io::Result<Costs> {
+    let mut nodes = Vec::new();
+    for url in probe.redis.iter().flat_map(|urls| urls.split(',')) {
+        nodes.push(redis_conn(url).await?);
+    }
+    let read = async |nodes: &mut Vec<MultiplexedConnection>| {
+        let mut figures = Vec::with_capacity(nodes.len());
+        for node in nodes.iter_mut() {
+            figures.push(redis_costs(node).await?);
+        }
+        io::Result::Ok((probe.pid.map(cpu), figures))
+    };
+    sleep_until(from).await;
+    let (server0, redis0) = read(&mut nodes).await?;
+    sleep_until(until).await;
+    let (server1, redis1) = read(&mut nodes).await?;
+    Ok(Costs {
+        server: server0.zip(server1).map(|(a, b)| b - a),
+        redis: redis0
+            .iter()
+            .zip(&redis1)
+            .map(|(a, b)| (b.0 - a.0, b.1 - a.1))
+            .collect(),
+    })
+}
+
+impl Costs {
+    /// Adds the costs per cycle of `cycles`, and how evenly the Redis nodes
+    /// shared the calls.
+    fn report(&self, report: &mut Report, cycles: f64) {
+        if cycles == 0.0 {
+            return;
+        }
+        if let Some(server) = self.server {
+            let us = server.as_secs_f64() * 1e6 / cycles;
+            report.add("server CPU per cycle", "µs", us);
+        }
+        if self.redis.is_empty() {
+            return;
+        }
+        let cpu: f64 = self.redis.iter().map(|(cpu, _)| cpu).sum();
+        let calls: f64 = self.redis.iter().map(|(_, calls)| calls).sum();
+        report.add("Redis CPU per cycle", "µs", cpu * 1e6 / cycles);
+        report.add("Redis FCALLs per cycle", "calls", calls / cycles);
+        if self.redis.len() > 1 {
+            let mean = calls / self.redis.len() as f64;
+            let furthest = self
+                .redis
+                .iter()
+                .map(|(_, c)| (c - mean).abs() / mean * 100.0)
+                .fold(0.0, f64::max);
+            report.add("FCALL spread over nodes", "% off even", furthest);
+        }
+    }
 }

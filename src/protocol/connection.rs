@@ -329,8 +329,6 @@ async fn wait<S: Store>(
 ) -> Option<Reply> {
     let timeout_at = timeout.map(|t| Instant::now() + t);
     let soon_at = session.deadline_soon_at();
-    // Boxed, as are the other passing futures here, so that what a blocked
-    // connection holds while it waits is only the waiting itself.
     let limit = session.broker().call_limit();
     let (waiter, mut rx) = session.broker().register(session.id, tubes.clone());
     // Served in a task of its own, not before the loop: should the store
@@ -369,6 +367,8 @@ async fn wait<S: Store>(
     wire.read_buffer_mut().extend_from_slice(&ahead);
     if session.broker().stop_waiting(waiter) {
         if give_up == Some(Reply::TimedOut) {
+            // Boxed: a connection blocked in `reserve` should hold only the
+            // waiting itself, not the room of this passing future.
             let last = within(limit, Box::pin(last_chance(session, &tubes))).await;
             return Some(last.unwrap_or(Reply::TimedOut));
         }

@@ -555,6 +555,16 @@ thread_local! {
     static DIE_WITH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// The shared cluster's directory (see [`RedisCluster::shared`]).
+static SHARED_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Removes the shared cluster's directory as the test process exits.
+extern "C" fn remove_shared_dir() {
+    if let Some(dir) = SHARED_DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 impl RedisCluster {
     /// The seeds of one 3-primary cluster (no replicas) shared by every test
     /// of this test binary that asks, each under a key prefix of its own
@@ -569,6 +579,11 @@ impl RedisCluster {
             std::thread::spawn(move || {
                 DIE_WITH_THREAD.set(true);
                 let cluster = RedisCluster::start(3, 0);
+                // Never dropped: its nodes die with the process, and its
+                // directory goes when the process exits.
+                let _ = SHARED_DIR.set(cluster._dir.path().to_path_buf());
+                // SAFETY: registers a plain function with no captured state.
+                unsafe { libc::atexit(remove_shared_dir) };
                 tx.send(cluster.seeds())
                     .expect("the test waits for the seeds");
                 loop {

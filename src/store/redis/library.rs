@@ -168,6 +168,8 @@ pub fn bench_call(op: &str, n: usize) -> Option<(String, Vec<Vec<u8>>)> {
         format!("{tag}jobs").into(),
         tag.into(),
         (if op == "put" { n } else { 0 }).to_string().into(),
+        // The mode: one Redis, no call token.
+        Vec::new(),
     ];
     for _ in 0..n {
         command.push(op.into());
