@@ -26,14 +26,15 @@ macro_rules! engines {
         /// engine, given a fresh store from the constructor of that name.
         ///
         /// After the tests every engine passes, `; ENGINE fails "why": names`
-        /// lists tests that engine is known to fail: they are still built
-        /// and run on every other engine, and ignored on that one with the
-        /// reason, so that `cargo test -- --ignored` shows the failure until
-        /// the engine is fixed, rather than the case being weakened.
+        /// (or `; [ENGINE ENGINE] fails ...`; several such lists, each test
+        /// in one) lists tests that engine is known to fail: they are still built and run on every other
+        /// engine, and ignored on that one with the reason, so that
+        /// `cargo test -- --ignored` shows the failure until the engine is
+        /// fixed, rather than the case being weakened.
         macro_rules! store_tests {
             (
                 $d($d name:ident),* $d(,)?
-                $d(; $d bad:ident fails $d why:literal: $d($d known:ident),+ $d(,)?)?
+                $d(; $d bad:tt fails $d why:literal: $d($d known:ident),+ $d(,)?)*
             ) => {
                 $(
                     mod $engine {
@@ -45,15 +46,16 @@ macro_rules! engines {
                         )*
                         $d($d(
                             known_failure!($engine $d bad $d why $d known);
-                        )+)?
+                        )+)*
                     }
                 )+
             };
         }
 
         /// One test of a `store_tests!` failure list on `engine`: ignored if
-        /// `engine` is the one that fails it. (A pattern that repeats the
-        /// engine's name matches only where the two names are the same.)
+        /// `engine` is the one (or one of those) that fails it. (A pattern
+        /// that repeats the engine's name matches only where the two names
+        /// are the same.)
         macro_rules! known_failure {
             $(
                 ($engine $engine $d why:literal $d name:ident) => {
@@ -63,7 +65,19 @@ macro_rules! engines {
                         super::$d name(crate::engines::$engine().await).await
                     }
                 };
+                ($engine [$engine $d($d rest:ident)*] $d why:literal $d name:ident) => {
+                    known_failure!($engine $engine $d why $d name);
+                };
             )+
+            ($d engine:ident [$d first:ident $d($d rest:ident)*] $d why:literal $d name:ident) => {
+                known_failure!($d engine [$d($d rest)*] $d why $d name);
+            };
+            ($d engine:ident [] $d why:literal $d name:ident) => {
+                #[tokio::test]
+                async fn $d name() {
+                    super::$d name(crate::engines::$d engine().await).await
+                }
+            };
             ($d engine:ident $d bad:ident $d why:literal $d name:ident) => {
                 #[tokio::test]
                 async fn $d name() {
@@ -88,6 +102,26 @@ pub async fn redis() -> Env<RedisStore> {
         .await
         .expect("connect to the test's redis-server");
     Env::new(Broker::new(store), Time::real(), Some(Box::new(server)))
+}
+
+/// The Redis engine on a Redis Cluster: the test binary's one shared
+/// 3-primary cluster, under a key prefix of the test's own, in real time.
+pub async fn cluster() -> Env<RedisStore> {
+    let seeds = tokio::task::spawn_blocking(crate::cluster::RedisCluster::shared)
+        .await
+        .expect("start the shared cluster");
+    let target =
+        delayq::store::redis::Target::Cluster(seeds.split(',').map(String::from).collect());
+    let options = delayq::store::redis::Options {
+        prefix: crate::cluster::unique_prefix(),
+        spread: delayq::store::redis::DEFAULT_SPREAD,
+        whole_tubes: Vec::new(),
+        wait: None,
+    };
+    let store = RedisStore::open(target, options)
+        .await
+        .expect("connect to the shared cluster");
+    Env::new(Broker::new(store), Time::real(), None)
 }
 
 /// The durable embedded engine, syncing before every reply, in a fresh data

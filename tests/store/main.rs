@@ -29,7 +29,12 @@ mod env;
 #[path = "../common/redis.rs"]
 mod redis_server;
 
-engines!($ memory, durable, redis);
+// The cluster harness: this crate only uses the shared cluster.
+#[allow(dead_code)]
+#[path = "../common/cluster.rs"]
+mod cluster;
+
+engines!($ memory, durable, redis, cluster);
 
 mod connections;
 mod delete;

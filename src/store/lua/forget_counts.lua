@@ -5,7 +5,10 @@
 -- Returns 1.
 OPS.forget_counts = function(tubes)
   for tube in string.gmatch(tubes, '[^ ]+') do
-    if not redis.call('ZSCORE', P .. 'tubes', tube) then redis.call('DEL', tube_key('tube', tube)) end
+    if not redis.call('ZSCORE', P .. 'tubes', tube) then
+      redis.call('DEL', tube_key('tube', tube))
+      redis.call('ZREM', P .. 'dormant', tube)
+    end
   end
   return 1
 end

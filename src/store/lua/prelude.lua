@@ -205,7 +205,10 @@ local function ensure_tube(tube)
       score = redis.call('INCR', P .. 'tube-seq')
     end
     redis.call('ZADD', P .. 'tubes', score, tube)
-    if SHARDED then redis.call('PERSIST', tube_key('tube', tube)) end
+    if SHARDED and not CONTROL then
+      redis.call('PERSIST', tube_key('tube', tube))
+      redis.call('ZREM', P .. 'dormant', tube)
+    end
   end
   known[tube] = true
 end
@@ -275,8 +278,12 @@ local function forget_if_unused(tube)
   if SHARDED then
     -- On a cluster a tube's figures are summed over the shards, and a
     -- shard that ran out of its jobs keeps its counts a while, in case
-    -- the tube lives on elsewhere (see `stats_tube`).
+    -- the tube lives on elsewhere (see `stats_tube`), and names it among
+    -- its dormant tubes, so that `list-tubes` can tell when it is gone from
+    -- every shard and have its counts forgotten (a tube made anew counts
+    -- from zero).
     redis.call('PEXPIRE', t, COUNTS_KEPT_MS)
+    redis.call('ZADD', P .. 'dormant', 0, tube)
   else
     redis.call('DEL', t)
   end

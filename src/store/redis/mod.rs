@@ -366,6 +366,23 @@ impl RedisStore {
 
     /// The tick of a cluster: the control slot's heartbeat (at most every
     /// [`HEARTBEAT`]), then the shards this process ticks that are due.
+    /// On a cluster: forgets the tubes `names` (separated by spaces), found
+    /// gone from every shard: the control slot forgets when each was first
+    /// seen, and the shards the counts they kept.
+    async fn forget_gone(&self, names: String) -> StoreResult<()> {
+        self.write::<i64>("forget_births", vec![Arg::Text(names.clone())])
+            .await?;
+        let forgot = join_all((0..SHARDS).map(|shard| {
+            let args = vec![Arg::Text(names.clone())];
+            self.op_on(shard, Kind::Moves, "forget_counts", args)
+        }))
+        .await;
+        for got in forgot {
+            got?;
+        }
+        Ok(())
+    }
+
     async fn tick_sharded(&self, s: &Sharding) -> StoreResult<Tick> {
         let now = Instant::now();
         let mut ready = Vec::new();
@@ -678,7 +695,13 @@ impl Store for RedisStore {
         }
         match sum {
             Some(v) if exists => decode::tube_stats(t, v).map(Some),
-            _ => Ok(None),
+            Some(_) => {
+                // Only counts kept in case it lived on elsewhere: it does
+                // not, so a tube made anew counts from zero.
+                self.forget_gone(t.as_str().to_string()).await?;
+                Ok(None)
+            }
+            None => Ok(None),
         }
     }
 
@@ -729,17 +752,7 @@ impl Store for RedisStore {
             .map(|(_, t, _)| t.as_str())
             .collect();
         if !gone.is_empty() {
-            let names = gone.join(" ");
-            self.write::<i64>("forget_births", vec![Arg::Text(names.clone())])
-                .await?;
-            let forgot = join_all((0..SHARDS).map(|shard| {
-                let args = vec![Arg::Text(names.clone())];
-                self.op_on(shard, Kind::Moves, "forget_counts", args)
-            }))
-            .await;
-            for got in forgot {
-                got?;
-            }
+            self.forget_gone(gone.join(" ")).await?;
         }
         first.retain(|(_, _, live)| *live);
         first.sort_by(|a, b| a.0.total_cmp(&b.0));
