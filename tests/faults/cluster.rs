@@ -23,7 +23,7 @@ use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::conn::{Gone, Io};
 use crate::ledger::{Ledger, Summary};
-use crate::load::{job, join, produce, wait_until, work};
+use crate::load::{job, join, join_within, produce, wait_until, work};
 
 /// The prefix delayq uses unless told otherwise.
 const PREFIX: &str = "delayq:";
@@ -268,8 +268,11 @@ async fn primary_killed_under_load(wait: bool) -> PrimaryKilled {
     let doubt = prober
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    // Two thirds of the puts were still to make at the kill: at the soak's
+    // scale, paced, that is most of a minute.
+    let puts_left = Duration::from_secs(crate::scale(30, 120));
     for (p, task) in producers.into_iter().enumerate() {
-        join(&format!("producer {p}"), task, &ledger).await;
+        join_within(&format!("producer {p}"), task, &ledger, puts_left).await;
     }
     // The probe's puts in doubt may be stored: gone before the workers
     // wait for every job to be done.

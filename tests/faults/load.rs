@@ -299,11 +299,21 @@ pub async fn wait_until(what: &str, limit: Duration, ok: impl Fn() -> bool) {
 /// Awaits a role's task, failing the test if it panicked or overran. An
 /// overrun is first checked against the ledger, which names what is missing.
 pub async fn join<T>(what: &str, task: JoinHandle<T>, ledger: &Ledger) -> T {
-    match tokio::time::timeout(DRAIN_LIMIT, task).await {
+    join_within(what, task, ledger, DRAIN_LIMIT).await
+}
+
+/// [`join`], for a task with up to `limit` of work still to do.
+pub async fn join_within<T>(
+    what: &str,
+    task: JoinHandle<T>,
+    ledger: &Ledger,
+    limit: Duration,
+) -> T {
+    match tokio::time::timeout(limit, task).await {
         Ok(done) => done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
         Err(_) => {
             ledger.check(false);
-            panic!("{what} did not finish within {DRAIN_LIMIT:?}")
+            panic!("{what} did not finish within {limit:?}")
         }
     }
 }

@@ -320,7 +320,7 @@ impl Watched {
     }
 
     async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let result = self.conn().req_packed_command(cmd).await;
+        let result = bounded(self.conn().req_packed_command(cmd)).await;
         self.check(result)
     }
 
@@ -330,15 +330,29 @@ impl Watched {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        let result = self
-            .conn()
-            .req_packed_commands(pipeline, offset, count)
-            .await;
+        let result = bounded(self.conn().req_packed_commands(pipeline, offset, count)).await;
         self.check(result)
     }
 
     async fn route(&self, cmd: Cmd, routing: RoutingInfo) -> RedisResult<Value> {
-        let result = self.conn().route_command(cmd, routing).await;
+        let result = bounded(self.conn().route_command(cmd, routing)).await;
         self.check(result)
+    }
+}
+
+/// `call`'s result, or a timeout a little after [`CALL_TIMEOUT`]. The
+/// cluster client applies that timeout itself, but inside the task that
+/// drives its connection: a connection stuck in its slot refresh never
+/// answers a call it took, and a call that never ends would hold its
+/// batch's place for good (every later operation of that shard, or of the
+/// control slot, would queue behind it).
+async fn bounded<T>(call: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
+    const MARGIN: Duration = Duration::from_millis(100);
+    match tokio::time::timeout(CALL_TIMEOUT + MARGIN, call).await {
+        Ok(result) => result,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the Redis Cluster connection gave no answer in time",
+        ))),
     }
 }
