@@ -130,8 +130,16 @@ pub(super) async fn run(
                     flying.push(send(conn.clone(), call.clone(), std::mem::take(&mut ops)));
                 }
                 let done: Done = done;
-                for (reply, result) in done {
-                    let _ = reply.send(result);
+                let mut orphans = Vec::new();
+                for (reply, result, owner) in done {
+                    if let (Err(Ok(got)), Some(conn)) = (reply.send(result), owner)
+                        && let Some(op) = give_back(conn, got)
+                    {
+                        orphans.push(op);
+                    }
+                }
+                if !orphans.is_empty() {
+                    flying.push(send(conn.clone(), call.clone(), orphans));
                 }
             }
             n = queue.recv_many(&mut ops, MAX_BATCH), if open && flying.len() < IN_FLIGHT => {
@@ -145,8 +153,47 @@ pub(super) async fn run(
     }
 }
 
-/// A reply channel and what to send on it.
-type Done = Vec<(oneshot::Sender<StoreResult<Value>>, StoreResult<Value>)>;
+/// A reply channel, what to send on it, and, for an operation that
+/// reserves, the connection it reserved for.
+type Done = Vec<(
+    oneshot::Sender<StoreResult<Value>>,
+    StoreResult<Value>,
+    Option<ConnId>,
+)>;
+
+/// The connection an operation reserves a job for, if it reserves one.
+fn reserver(op: &Op) -> Option<ConnId> {
+    match (op.name, op.args.first()) {
+        ("reserve" | "reserve_job", Some(Arg::Owner(conn))) => Some(*conn),
+        _ => None,
+    }
+}
+
+/// The operation that undoes a reservation nobody is waiting for any more:
+/// the command that asked for it ran out of time (Redis answered late) and
+/// its client was told so, so the job must not stay reserved by a
+/// connection that never heard of it until its TTR runs out. `got` is the
+/// reserve's reply, `{id, tube, body, ttr}` (or `false`: nothing taken).
+fn give_back(conn: ConnId, got: Value) -> Option<Op> {
+    let Value::Array(fields) = got else {
+        return None;
+    };
+    // A server id comes back as its number, a client-chosen one as its
+    // text; the scripts take the first as `#` and its key in hex.
+    let id = match fields.into_iter().next()? {
+        Value::Int(n) => format!("#{n:012x}"),
+        other => redis::from_redis_value::<String>(other).ok()?,
+    };
+    info!(%id, conn, "giving back a job reserved after its command ran out of time");
+    // Nobody waits for this reply; a failure leaves the job to its TTR.
+    let (reply, _) = oneshot::channel();
+    Some(Op {
+        kind: Kind::Moves,
+        name: "give_back",
+        args: vec![Arg::Owner(conn), Arg::Text(id)],
+        reply,
+    })
+}
 
 /// What every call needs to know besides its operations.
 #[derive(Clone)]
@@ -173,7 +220,7 @@ async fn send(mut conn: Conn, call: Call, ops: Vec<Op>) -> Done {
                 ops.into_iter().partition(|op| op.kind == Kind::Puts);
             let mut done: Done = puts
                 .into_iter()
-                .map(|op| (op.reply, Err(StoreError::OutOfMemory)))
+                .map(|op| (op.reply, Err(StoreError::OutOfMemory), None))
                 .collect();
             if !rest.is_empty() {
                 let result = call.run(&mut conn, Function::Drain, &rest).await;
@@ -194,7 +241,7 @@ async fn send(mut conn: Conn, call: Call, ops: Vec<Op>) -> Done {
             let puts: Vec<bool> = ops.iter().map(|op| op.kind == Kind::Puts).collect();
             let mut done = answers(ops, Ok(results));
             if let Some(why) = short {
-                for ((_, result), put) in done.iter_mut().zip(puts) {
+                for ((_, result, _), put) in done.iter_mut().zip(puts) {
                     if put && result.is_ok() {
                         *result = Err(StoreError::Unavailable(why.clone()));
                     }
@@ -264,17 +311,23 @@ impl Call {
 
 /// Each operation's reply channel with its part of a call's result.
 fn answers(ops: Vec<Op>, result: Result<Vec<Value>, RedisError>) -> Done {
-    let replies = ops.into_iter().map(|op| op.reply);
+    let replies = ops.into_iter().map(|op| {
+        let owner = reserver(&op);
+        (op.reply, owner)
+    });
     match result {
-        Ok(results) if results.len() == replies.len() => {
-            replies.zip(results.into_iter().map(outcome)).collect()
-        }
+        Ok(results) if results.len() == replies.len() => replies
+            .zip(results.into_iter().map(outcome))
+            .map(|((reply, owner), result)| (reply, result, owner))
+            .collect(),
         Ok(_) => replies
-            .map(|reply| (reply, Err(corrupt("a batch's length"))))
+            .map(|(reply, _)| (reply, Err(corrupt("a batch's length")), None))
             .collect(),
         Err(e) => {
             let e = fail(e);
-            replies.map(|reply| (reply, Err(e.clone()))).collect()
+            replies
+                .map(|(reply, _)| (reply, Err(e.clone()), None))
+                .collect()
         }
     }
 }
@@ -289,5 +342,59 @@ fn outcome(entry: Value) -> StoreResult<Value> {
             e.details().unwrap_or_default()
         ))),
         other => Ok(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(id: Value) -> Value {
+        Value::Array(vec![
+            id,
+            Value::BulkString(b"default".to_vec()),
+            Value::BulkString(b"body".to_vec()),
+            Value::Int(60),
+        ])
+    }
+
+    fn id_arg(op: &Op) -> &str {
+        match &op.args[..] {
+            [Arg::Owner(7), Arg::Text(id)] => id,
+            _ => panic!("give_back takes the owner and the id"),
+        }
+    }
+
+    #[test]
+    fn a_late_reservation_goes_back_by_the_id_the_scripts_take() {
+        let op = give_back(7, reply(Value::Int(26))).expect("a job to give back");
+        assert_eq!((op.name, op.kind), ("give_back", Kind::Moves));
+        assert_eq!(id_arg(&op), "#00000000001a");
+        let op = give_back(7, reply(Value::BulkString(b"order-close:4711".to_vec())))
+            .expect("a job to give back");
+        assert_eq!(id_arg(&op), "order-close:4711");
+        // A reserve that took nothing leaves nothing to give back.
+        assert!(give_back(7, Value::Boolean(false)).is_none());
+        assert!(give_back(7, Value::Nil).is_none());
+    }
+
+    #[test]
+    fn only_reserving_operations_name_a_reserver() {
+        let (reply, _) = oneshot::channel();
+        let reserve = Op {
+            kind: Kind::Moves,
+            name: "reserve",
+            args: vec![Arg::Owner(3), Arg::Static("default")],
+            reply,
+        };
+        assert_eq!(reserver(&reserve), Some(3));
+        let (reply, _) = oneshot::channel();
+        let delete = Op {
+            kind: Kind::Moves,
+            name: "delete",
+            args: vec![Arg::Owner(3), Arg::Static("#1"), Arg::Static("delete")],
+            reply,
+        };
+        assert_eq!(reserver(&delete), None);
     }
 }
