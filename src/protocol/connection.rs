@@ -103,6 +103,7 @@ async fn answer<S: Store>(
     shutdown: &CancellationToken,
 ) -> bool {
     let limit = session.broker().call_limit();
+    let started = Instant::now();
     let outcome = match request.command {
         // Boxed: the command's future is large and short-lived, and a
         // connection blocked in `reserve` should not carry its room.
@@ -120,7 +121,7 @@ async fn answer<S: Store>(
                 return false;
             }
             shrink_when_idle(wire);
-            match wait(wire, session, tubes, timeout, shutdown).await {
+            match wait(wire, session, tubes, timeout, started, shutdown).await {
                 Some(reply) => reply,
                 None => return false,
             }
@@ -298,6 +299,17 @@ async fn within<T>(
     }
 }
 
+/// `work`'s result, or `None` if there is a `deadline` and it passes first.
+async fn until<T>(
+    deadline: Option<Instant>,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, work).await.ok(),
+        None => Some(work.await),
+    }
+}
+
 /// Why a command that ran out of time failed.
 fn out_of_time() -> crate::error::StoreError {
     crate::error::StoreError::Unavailable("the store did not answer in time".into())
@@ -325,6 +337,7 @@ async fn wait<S: Store>(
     session: &mut Session<S>,
     tubes: Arc<[Tube]>,
     timeout: Option<Duration>,
+    started: Instant,
     shutdown: &CancellationToken,
 ) -> Option<Reply> {
     let timeout_at = timeout.map(|t| Instant::now() + t);
@@ -369,7 +382,11 @@ async fn wait<S: Store>(
         if give_up == Some(Reply::TimedOut) {
             // Boxed: a connection blocked in `reserve` should hold only the
             // waiting itself, not the room of this passing future.
-            let last = within(limit, Box::pin(last_chance(session, &tubes))).await;
+            // The command's time on the store is counted from when it
+            // began: a `reserve-with-timeout T` answers by T plus the
+            // limit, however long its first look took.
+            let deadline = limit.map(|limit| started + timeout.unwrap_or_default() + limit);
+            let last = until(deadline, Box::pin(last_chance(session, &tubes))).await;
             return Some(last.unwrap_or(Reply::TimedOut));
         }
         return give_up;
