@@ -555,6 +555,26 @@ thread_local! {
     static DIE_WITH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// delayq's Redis engine on the shared cluster (see
+/// [`RedisCluster::shared`]), under a key prefix of its own, so that what
+/// one test stores no other sees.
+pub async fn shared_store() -> delayq::store::redis::RedisStore {
+    let seeds = tokio::task::spawn_blocking(RedisCluster::shared)
+        .await
+        .expect("start the shared cluster");
+    let target =
+        delayq::store::redis::Target::Cluster(seeds.split(',').map(String::from).collect());
+    let options = delayq::store::redis::Options {
+        prefix: unique_prefix(),
+        spread: delayq::store::redis::DEFAULT_SPREAD,
+        whole_tubes: Vec::new(),
+        wait: None,
+    };
+    delayq::store::redis::RedisStore::open(target, options)
+        .await
+        .expect("connect to the shared cluster")
+}
+
 /// The shared cluster's directory (see [`RedisCluster::shared`]).
 static SHARED_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 

@@ -136,21 +136,7 @@ impl TestServer {
                 (task, Some(Keep::Redis(redis)))
             }
             Backend::Cluster => {
-                let seeds = tokio::task::spawn_blocking(cluster::RedisCluster::shared)
-                    .await
-                    .expect("start the shared cluster");
-                let target = delayq::store::redis::Target::Cluster(
-                    seeds.split(',').map(String::from).collect(),
-                );
-                let options = delayq::store::redis::Options {
-                    prefix: cluster::unique_prefix(),
-                    spread: delayq::store::redis::DEFAULT_SPREAD,
-                    whole_tubes: Vec::new(),
-                    wait: None,
-                };
-                let store = RedisStore::open(target, options)
-                    .await
-                    .expect("connect to the shared cluster");
+                let store = cluster::shared_store().await;
                 let task = tokio::spawn(run(listener, store, config, control.clone()));
                 (task, None)
             }

@@ -107,20 +107,7 @@ pub async fn redis() -> Env<RedisStore> {
 /// The Redis engine on a Redis Cluster: the test binary's one shared
 /// 3-primary cluster, under a key prefix of the test's own, in real time.
 pub async fn cluster() -> Env<RedisStore> {
-    let seeds = tokio::task::spawn_blocking(crate::cluster::RedisCluster::shared)
-        .await
-        .expect("start the shared cluster");
-    let target =
-        delayq::store::redis::Target::Cluster(seeds.split(',').map(String::from).collect());
-    let options = delayq::store::redis::Options {
-        prefix: crate::cluster::unique_prefix(),
-        spread: delayq::store::redis::DEFAULT_SPREAD,
-        whole_tubes: Vec::new(),
-        wait: None,
-    };
-    let store = RedisStore::open(target, options)
-        .await
-        .expect("connect to the shared cluster");
+    let store = crate::cluster::shared_store().await;
     Env::new(Broker::new(store), Time::real(), None)
 }
 
