@@ -4,13 +4,12 @@
 //! cluster equally busy.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use delayq::store::redis::{SHARDS, shard_tag};
 
 use crate::common::Client;
-use crate::common::cluster::{RedisCluster, Reply, query};
+use crate::common::cluster::{RedisCluster, Reply, blocking, query, start_shared};
 use crate::common::daemon::Daemon;
 use crate::common::sentinel::RedisSentinel;
 
@@ -20,29 +19,6 @@ const PREFIX: &str = "delayq:";
 /// The slot Redis gives `key`.
 fn slot(key: &str) -> u16 {
     u16::try_from(delayq::store::redis::slot(key.as_bytes())).expect("slots fit in u16")
-}
-
-/// Starts a topology off the runtime's threads.
-async fn start<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Arc<Mutex<T>> {
-    let started = tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-    Arc::new(Mutex::new(started))
-}
-
-/// Runs `f` on a topology on a blocking thread: the harness waits by
-/// sleeping.
-async fn blocking<S, T>(shared: &Arc<Mutex<S>>, f: impl FnOnce(&mut S) -> T + Send + 'static) -> T
-where
-    S: Send + 'static,
-    T: Send + 'static,
-{
-    let shared = shared.clone();
-    tokio::task::spawn_blocking(move || {
-        f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner))
-    })
-    .await
-    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 /// The name of delayq's function for any call (`delayq_<hash>_any`), as
@@ -70,7 +46,7 @@ async fn job_counts(c: &mut Client) -> (u64, u64) {
 /// sends a put.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_call_changes_nothing() {
-    let cluster = start(|| RedisCluster::start(3, 0)).await;
+    let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
     let seeds = blocking(&cluster, |c| c.seeds()).await;
     // Starting delayq loads its library into every primary.
     let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
@@ -204,7 +180,7 @@ async fn delete(c: &mut Client, id: &str, limit: Duration) {
 async fn sentinel_failover_is_followed() {
     const FOLLOW_LIMIT: Duration = Duration::from_secs(10);
     let started = Instant::now();
-    let setup = start(RedisSentinel::start).await;
+    let setup = start_shared(RedisSentinel::start).await;
     let seeds = blocking(&setup, |s| s.sentinel_seeds()).await;
     let master = blocking(&setup, |s| s.master_name().to_string()).await;
     let mut daemon = Daemon::start(&[
@@ -316,7 +292,7 @@ async fn sentinel_failover_is_followed() {
 async fn one_hot_tube_spreads_over_every_primary() {
     const JOBS: usize = 3000;
     let started = Instant::now();
-    let cluster = start(|| RedisCluster::start(3, 0)).await;
+    let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
     let seeds = blocking(&cluster, |c| c.seeds()).await;
     let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
     let mut c = daemon.client().await;

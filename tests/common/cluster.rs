@@ -575,6 +575,30 @@ pub async fn shared_store() -> delayq::store::redis::RedisStore {
         .expect("connect to the shared cluster")
 }
 
+/// A topology shared between a test and the blocking tasks that break it.
+pub type Shared<T> = std::sync::Arc<Mutex<T>>;
+
+/// Starts a topology (`f`: [`RedisCluster::start`], `RedisSentinel::start`)
+/// off the runtime's threads: the harness waits by sleeping.
+pub async fn start_shared<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Shared<T> {
+    let started = tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    std::sync::Arc::new(Mutex::new(started))
+}
+
+/// Runs `f` on a shared topology on a blocking thread.
+pub async fn blocking<S, T>(shared: &Shared<S>, f: impl FnOnce(&mut S) -> T + Send + 'static) -> T
+where
+    S: Send + 'static,
+    T: Send + 'static,
+{
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || f(&mut shared.lock().unwrap_or_else(|e| e.into_inner())))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// The shared cluster's directory (see [`RedisCluster::shared`]).
 static SHARED_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 

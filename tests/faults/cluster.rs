@@ -18,7 +18,7 @@ use delayq::store::redis::{SHARDS, shard_of_key, shard_tag};
 use tokio::sync::watch;
 
 use crate::common::Client;
-use crate::common::cluster::RedisCluster;
+use crate::common::cluster::{RedisCluster, blocking, start_shared};
 use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::conn::{Gone, Io};
@@ -53,33 +53,6 @@ fn ids_on(
     (0u64..)
         .map(move |n| format!("{stem}-{n}"))
         .filter(move |id| owners[shard_of_key(id.as_bytes())] == node)
-}
-
-/// A topology shared with the blocking tasks that break it.
-type Shared<T> = Arc<Mutex<T>>;
-
-/// Starts a cluster of `masters` primaries with `replicas` each, off the
-/// runtime's threads.
-async fn start_cluster(masters: usize, replicas: usize) -> Shared<RedisCluster> {
-    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start(masters, replicas))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-    Arc::new(Mutex::new(cluster))
-}
-
-/// Runs `f` on the topology on a blocking thread: the harness waits by
-/// sleeping.
-async fn blocking<S, T>(shared: &Shared<S>, f: impl FnOnce(&mut S) -> T + Send + 'static) -> T
-where
-    S: Send + 'static,
-    T: Send + 'static,
-{
-    let shared = shared.clone();
-    tokio::task::spawn_blocking(move || {
-        f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner))
-    })
-    .await
-    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 /// The value of a reply on a connection delayq must keep open.
@@ -190,7 +163,7 @@ struct PrimaryKilled {
 async fn primary_killed_under_load(wait: bool) -> PrimaryKilled {
     let per_producer = crate::scale(800, 4000);
     let name = if wait { "waited" } else { "unwaited" };
-    let cluster = start_cluster(3, 1).await;
+    let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
     let (owners, victim) = blocking(&cluster, |c| layout(c, PREFIX)).await;
     let shards = owners.iter().filter(|&&o| o == victim).count();
     let seeds = blocking(&cluster, |c| c.seeds()).await;
@@ -438,7 +411,7 @@ async fn handed_over(seeds: &str, prefix: &str, kill_producer: bool) -> Lateness
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_delayq_process_hands_its_shards_to_another() {
     let started = Instant::now();
-    let cluster = start_cluster(3, 0).await;
+    let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
     let seeds = blocking(&cluster, |c| c.seeds()).await;
     // A worker's process killed: the producer's takes its shards over.
     let worker_side = handed_over(&seeds, "worker-killed:", false).await;
@@ -648,7 +621,7 @@ async fn redis_frozen_every_reply_in_time() {
 
     // A cluster, its primary serving the jobs' shards frozen (not the one
     // serving the control slot, which other commands need).
-    let cluster = start_cluster(3, 0).await;
+    let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
     let seeds = blocking(&cluster, |c| c.seeds()).await;
     let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
     let (owners, control) = blocking(&cluster, |c| layout(c, PREFIX)).await;
