@@ -575,6 +575,30 @@ pub async fn shared_store() -> delayq::store::redis::RedisStore {
         .expect("connect to the shared cluster")
 }
 
+/// The arguments every data node of a test topology (a cluster's node,
+/// a Sentinel-watched primary or replica) starts with: its port on
+/// loopback, its directory, and no persistence.
+pub fn data_node_args(port: u16, dir: &str) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        dir,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        // A replica's first sync would otherwise wait 5 s for others to
+        // share the transfer: there are none to wait for.
+        "--repl-diskless-sync-delay",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// A topology shared between a test and the blocking tasks that break it.
 pub type Shared<T> = std::sync::Arc<Mutex<T>>;
 
@@ -682,33 +706,20 @@ impl RedisCluster {
             let dir = root.path().join(guard.port.to_string());
             std::fs::create_dir(&dir).expect("a directory for a node");
             let dir_arg = dir.to_str().expect("a UTF-8 temp path").to_string();
-            let mut args: Vec<String> = [
-                "--port",
-                &guard.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &format!("{dir_arg}/nodes.conf"),
-                "--cluster-node-timeout",
-                "2000",
-                "--cluster-replica-validity-factor",
-                "0",
-                "--dir",
-                &dir_arg,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                // A replica's first sync would otherwise wait 5 s for
-                // others to share the transfer: there are none to wait for.
-                "--repl-diskless-sync-delay",
-                "0",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let mut args = data_node_args(guard.port, &dir_arg);
+            args.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &format!("{dir_arg}/nodes.conf"),
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ]
+                .map(String::from),
+            );
             args.extend(extra.iter().map(|s| s.to_string()));
             match Node::start(guard, &dir, args) {
                 Ok(node) => nodes.push(node),

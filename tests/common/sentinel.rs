@@ -12,7 +12,9 @@
 
 use std::collections::BTreeSet;
 
-use super::cluster::{Node, Reply, SETTLE_LIMIT, StartError, redis_cli, reserve_ports, wait_until};
+use super::cluster::{
+    Node, Reply, SETTLE_LIMIT, StartError, data_node_args, redis_cli, reserve_ports, wait_until,
+};
 
 /// The name the sentinels know the primary by.
 const MASTER_NAME: &str = "mymaster";
@@ -69,32 +71,10 @@ impl RedisSentinel {
                 }
             }
         };
-        let data_args = |port: u16, dir: &str| -> Vec<String> {
-            let port = port.to_string();
-            [
-                "--port",
-                &port,
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                dir,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                // The replica's first sync would otherwise wait 5 s for
-                // others to share the transfer: there are none to wait for.
-                "--repl-diskless-sync-delay",
-                "0",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-        };
-        let primary = start(&data_args)?;
+        let primary = start(&data_node_args)?;
         let primary_port = primary.port();
         let replica = start(&|port, dir| {
-            let mut args = data_args(port, dir);
+            let mut args = data_node_args(port, dir);
             args.extend([
                 "--replicaof".into(),
                 "127.0.0.1".into(),
