@@ -7,14 +7,6 @@ OPS.bury = function(owner, id, pri)
   unlink(key, job)
   job[PRI], job[OWNER] = tonumber(pri), ''
   job[BURIES] = job[BURIES] + 1
-  -- On a cluster, burials of all shards are ordered by their time.
-  local seq
-  if SHARDED then
-    if clock_us == nil then read_clock() end
-    seq = clock_us
-  else
-    seq = redis.call('INCR', P .. 'bury-seq')
-  end
-  link(key, job, 'buried', seq)
+  link(key, job, 'buried', next_in_order('bury-seq'))
   return 1
 end

@@ -78,6 +78,18 @@ local function now_ms()
   return clock
 end
 
+-- The next place in an order kept by the sequence `name` (tubes by their
+-- creation, burials): on one Redis the sequence counts up; on a cluster
+-- each shard keeps its own list, and the lists are merged by Redis time,
+-- to the microsecond, so the call's time is the place.
+local function next_in_order(name)
+  if SHARDED then
+    if clock_us == nil then read_clock() end
+    return clock_us
+  end
+  return redis.call('INCR', P .. name)
+end
+
 -- The time `ms` from now, rounded up to the millisecond: a job due then is
 -- never handed out early, nor a TTR or a pause over early.
 local function from_now(ms)
@@ -195,16 +207,7 @@ local known = {}
 local function ensure_tube(tube)
   if known[tube] then return end
   if not redis.call('ZSCORE', P .. 'tubes', tube) then
-    -- On a cluster each shard has its own list; the lists are merged by
-    -- the time each tube was first seen, to the microsecond.
-    local score
-    if SHARDED then
-      if clock_us == nil then read_clock() end
-      score = clock_us
-    else
-      score = redis.call('INCR', P .. 'tube-seq')
-    end
-    redis.call('ZADD', P .. 'tubes', score, tube)
+    redis.call('ZADD', P .. 'tubes', next_in_order('tube-seq'), tube)
     if SHARDED and not CONTROL then
       redis.call('PERSIST', tube_key('tube', tube))
       redis.call('ZREM', P .. 'dormant', tube)
