@@ -293,10 +293,7 @@ async fn within<T>(
     limit: Option<Duration>,
     work: impl std::future::Future<Output = T>,
 ) -> Option<T> {
-    match limit {
-        Some(limit) => tokio::time::timeout(limit, work).await.ok(),
-        None => Some(work.await),
-    }
+    until(limit.map(|limit| Instant::now() + limit), work).await
 }
 
 /// `work`'s result, or `None` if there is a `deadline` and it passes first.
