@@ -178,11 +178,10 @@ fn give_back(conn: ConnId, got: Value) -> Option<Op> {
     let Value::Array(fields) = got else {
         return None;
     };
-    // A server id comes back as its number, a client-chosen one as its
-    // text; the scripts take the first as `#` and its key in hex.
+    // A server id comes back as its number, a client-chosen one as its text.
     let id = match fields.into_iter().next()? {
-        Value::Int(n) => format!("#{n:012x}"),
-        other => redis::from_redis_value::<String>(other).ok()?,
+        Value::Int(n) => JobId::Server(u64::try_from(n).ok()?),
+        other => JobId::Client(redis::from_redis_value::<String>(other).ok()?.into()),
     };
     info!(%id, conn, "giving back a job reserved after its command ran out of time");
     // Nobody waits for this reply; a failure leaves the job to its TTR.
@@ -190,7 +189,7 @@ fn give_back(conn: ConnId, got: Value) -> Option<Op> {
     Some(Op {
         kind: Kind::Moves,
         name: "give_back",
-        args: vec![Arg::Owner(conn), Arg::Text(id)],
+        args: vec![Arg::Owner(conn), Arg::Id(id)],
         reply,
     })
 }
@@ -358,21 +357,30 @@ mod tests {
         ])
     }
 
-    fn id_arg(op: &Op) -> &str {
-        match &op.args[..] {
-            [Arg::Owner(7), Arg::Text(id)] => id,
-            _ => panic!("give_back takes the owner and the id"),
-        }
+    /// The id argument of a `give_back`, as the call would carry it.
+    fn id_arg(op: &Op) -> Vec<u8> {
+        let [Arg::Owner(7), id] = &op.args[..] else {
+            panic!("give_back takes the owner and the id");
+        };
+        let mut cmd = redis::cmd("FCALL");
+        id.write(&mut cmd, "p", &mut String::new());
+        cmd.args_iter()
+            .skip(1)
+            .find_map(|a| match a {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                _ => None,
+            })
+            .expect("the id")
     }
 
     #[test]
     fn a_late_reservation_goes_back_by_the_id_the_scripts_take() {
         let op = give_back(7, reply(Value::Int(26))).expect("a job to give back");
         assert_eq!((op.name, op.kind), ("give_back", Kind::Moves));
-        assert_eq!(id_arg(&op), "#00000000001a");
+        assert_eq!(id_arg(&op), b"#00000000001a");
         let op = give_back(7, reply(Value::BulkString(b"order-close:4711".to_vec())))
             .expect("a job to give back");
-        assert_eq!(id_arg(&op), "order-close:4711");
+        assert_eq!(id_arg(&op), b"order-close:4711");
         // A reserve that took nothing leaves nothing to give back.
         assert!(give_back(7, Value::Boolean(false)).is_none());
         assert!(give_back(7, Value::Nil).is_none());
