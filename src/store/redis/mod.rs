@@ -364,8 +364,6 @@ impl RedisStore {
         }
     }
 
-    /// The tick of a cluster: the control slot's heartbeat (at most every
-    /// [`HEARTBEAT`]), then the shards this process ticks that are due.
     /// On a cluster: forgets the tubes `names` (separated by spaces), found
     /// gone from every shard: the control slot forgets when each was first
     /// seen, and the shards the counts they kept.
@@ -383,6 +381,8 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The tick of a cluster: the control slot's heartbeat (at most every
+    /// [`HEARTBEAT`]), then the shards this process ticks that are due.
     async fn tick_sharded(&self, s: &Sharding) -> StoreResult<Tick> {
         let now = Instant::now();
         let mut ready = Vec::new();
