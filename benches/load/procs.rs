@@ -459,10 +459,8 @@ impl Info {
     }
 
     pub fn num(&self, field: &str) -> io::Result<f64> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == field)
-            .and_then(|(_, v)| v.parse().ok())
+        self.text(field)
+            .and_then(|v| v.parse().ok())
             .ok_or_else(|| io::Error::other(format!("INFO has no number {field}")))
     }
 }

@@ -621,7 +621,6 @@ pub async fn conns(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
 }
 
 /// What the server (and each Redis behind it) spent over a measured window.
-#[derive(Default)]
 struct Costs {
     /// The server's CPU time.
     server: Option<Duration>,
