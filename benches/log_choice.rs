@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use delayq::clock::Clock;
-use delayq::job::{NewJob, PutOutcome};
+use delayq::job::{NewJob, Put, PutOutcome};
 use delayq::names::Tube;
 use delayq::store::Store;
 use delayq::store::log::{Options, open};
@@ -91,6 +91,7 @@ fn job(body: &Bytes) -> NewJob {
         delay: Duration::from_secs(3600),
         ttr: Duration::from_secs(60),
         body: body.clone(),
+        life: Default::default(),
     }
 }
 
@@ -105,7 +106,11 @@ async fn delayq_log(dir: &std::path::Path, clients: usize, secs: f64) -> Got {
         tasks.spawn(async move {
             let mut cycles = 0u64;
             while Instant::now() < until {
-                let Ok(PutOutcome::Inserted(id)) = store.put(job(&body)).await else {
+                let Ok(Put {
+                    outcome: PutOutcome::Inserted(id),
+                    ..
+                }) = store.put(job(&body)).await
+                else {
                     panic!("a put failed");
                 };
                 assert!(store.delete(0, &id).await.expect("a delete"));

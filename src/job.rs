@@ -23,6 +23,69 @@ pub struct JobBody {
     pub body: Bytes,
 }
 
+/// How long a job that came back waits before it is ready again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backoff {
+    /// The same wait every time.
+    Fixed(Duration),
+    /// A wait that doubles with every try: the base, then twice it...
+    Exponential(Duration),
+}
+
+/// What a job's life is allowed beyond beanstalkd's rules: its tries and
+/// the wait between them. The same options are a put's (each unset one
+/// taken from the tube's) and a tube's settings; all unset is beanstalkd.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// The most reserves in one round before the job is buried.
+    pub tries: Option<u32>,
+    /// The wait before a job that came back is ready again.
+    pub backoff: Option<Backoff>,
+    /// The longest an exponential backoff grows to.
+    pub backoff_max: Option<Duration>,
+    /// Up to this percentage of each wait is taken off.
+    pub jitter: Option<u8>,
+    /// How long after its put the job is removed if nobody finished it.
+    pub ttl: Option<Duration>,
+    /// How long its client id stays taken once the job is gone (finished,
+    /// deleted or expired), so that a retried put answers `EXISTS`.
+    pub unique: Option<Duration>,
+    /// A tube's setting only: the most reserves a second from the tube.
+    pub rate: Option<u32>,
+}
+
+impl Lifecycle {
+    /// Whether no option is set (the job behaves as in beanstalkd).
+    pub fn is_empty(&self) -> bool {
+        *self == Lifecycle::default()
+    }
+
+    /// These options, each unset one taken from `fallback`.
+    pub fn or(self, fallback: Lifecycle) -> Lifecycle {
+        Lifecycle {
+            tries: self.tries.or(fallback.tries),
+            backoff: self.backoff.or(fallback.backoff),
+            backoff_max: self.backoff_max.or(fallback.backoff_max),
+            jitter: self.jitter.or(fallback.jitter),
+            ttl: self.ttl.or(fallback.ttl),
+            unique: self.unique.or(fallback.unique),
+            // A tube's own limit, not a job's.
+            rate: None,
+        }
+    }
+}
+
+/// Where a job with a [`Lifecycle`] is in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LifeStats {
+    /// Its options, as fixed at its put.
+    pub options: Lifecycle,
+    /// Reserves in this round.
+    pub tries: u32,
+    /// Whether it is buried because it used up its tries.
+    pub dead: bool,
+}
+
 /// A job to insert.
 #[derive(Debug, Clone)]
 pub struct NewJob {
@@ -39,6 +102,8 @@ pub struct NewJob {
     pub ttr: Duration,
     /// The body.
     pub body: Bytes,
+    /// Its own options; the unset ones come from the tube's settings.
+    pub life: Lifecycle,
 }
 
 /// What a `put` did.
@@ -48,6 +113,17 @@ pub enum PutOutcome {
     Inserted(JobId),
     /// A job with this client id already exists; nothing changed.
     Exists(JobId),
+}
+
+/// What a store's put did, with what the timer must know of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Put {
+    /// Inserted or found existing.
+    pub outcome: PutOutcome,
+    /// When the job expires, if it got a time to live the caller may not
+    /// know of (its tube's); an engine whose timer wakes by itself within
+    /// a second may leave it out.
+    pub expires: Option<Duration>,
 }
 
 /// A job just reserved, and how long the reserver has.
@@ -109,6 +185,19 @@ pub struct JobStats {
     pub time_left: Duration,
     /// What happened to it so far.
     pub counters: JobCounters,
+    /// Its tries and options, if it has any options.
+    pub life: Option<LifeStats>,
+}
+
+/// Where a released job went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Released {
+    /// Its tube.
+    pub tube: Tube,
+    /// Whether it was buried instead, having used up its tries.
+    pub buried: bool,
+    /// How long until it is ready: the release's delay, or its backoff.
+    pub delay: Duration,
 }
 
 /// Job counts by state.
@@ -152,6 +241,8 @@ pub struct TubeStats {
     pub counts: Counts,
     /// Jobs ever put into it.
     pub total_jobs: u64,
+    /// Its jobs removed because their time to live ran out.
+    pub expired: u64,
     /// Connections using it.
     pub using: u64,
     /// Connections watching it.
@@ -191,6 +282,8 @@ pub struct StoreStats {
     pub counts: Counts,
     /// Times any job's TTR ran out.
     pub job_timeouts: u64,
+    /// Jobs removed because their time to live ran out.
+    pub expired: u64,
     /// Jobs ever put.
     pub total_jobs: u64,
     /// Tubes that exist now.

@@ -24,6 +24,9 @@
 //!
 //! Workloads (see `--help` for their knobs):
 //! * `cycle`: C connections each looping put, reserve, delete of a 100-byte job.
+//! * `batch`: the cycle in batches of N (`--reserve-batch`): N puts written
+//!   at once, one `reserve-batch N`, one `finish-batch`; jobs per second
+//!   (delayq only: beanstalkd has no batch commands).
 //! * `pipeline`: producers writing puts in batches, consumers reserving and
 //!   deleting; end-to-end latency from put to reserved.
 //! * `lateness`: 20k jobs with random delays, consumers blocked in reserve;
@@ -67,6 +70,9 @@ use workloads::Opts;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum What {
     Cycle,
+    /// The cycle in batches: put N (pipelined), `reserve-batch N`,
+    /// `finish-batch` (delayq only).
+    Batch,
     Pipeline,
     Lateness,
     Backlog,
@@ -219,6 +225,7 @@ fn program(name: &str, package: &str) -> io::Result<PathBuf> {
 async fn run(what: What, addr: SocketAddr, probe: &Probe, o: &Opts) -> io::Result<Report> {
     match what {
         What::Cycle => workloads::cycle(addr, o, probe).await,
+        What::Batch => workloads::batch(addr, o, probe).await,
         What::Pipeline => workloads::pipeline(addr, o).await,
         What::Lateness => workloads::lateness(addr, o).await,
         What::Backlog => workloads::backlog(addr, o, probe).await,
@@ -254,6 +261,7 @@ fn fits(what: What, spec: &Spec) -> bool {
     match what {
         What::Restart => spec.kind.keeps_jobs(),
         What::Disk => spec.kind.keeps_a_dir(),
+        What::Batch => !spec.kind.is_beanstalkd(),
         _ => true,
     }
 }

@@ -50,6 +50,9 @@ pub struct Opts {
     /// measured is mostly the time a job waits behind these).
     #[arg(long, default_value_t = 100)]
     pub in_flight: usize,
+    /// batch: jobs each connection puts, reserves and finishes at once.
+    #[arg(long, default_value_t = 100)]
+    pub reserve_batch: usize,
     /// pipeline: puts a producer writes at once.
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
@@ -241,6 +244,68 @@ async fn log_figures(c: &mut Conn) -> io::Result<Option<[u64; 3]>> {
 
 /// `pipeline`: producers writing puts in batches, consumers reserving and
 /// deleting, with at most `in_flight` jobs between them.
+/// `batch`: C connections each looping over N jobs at once: N puts
+/// written together, `reserve-batch N`, `finish-batch` of what came; the
+/// jobs moved per second, comparable with `cycle`'s cycles per second (a
+/// cycle moves one job the same way).
+pub async fn batch(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
+    let from = Instant::now() + secs(o.warmup);
+    let until = from + secs(o.secs);
+    let costs = tokio::spawn(costs(probe.clone(), from, until));
+    let body: Arc<[u8]> = vec![b'x'; o.body].into();
+    let n = o.reserve_batch;
+    let mut tasks = JoinSet::new();
+    for _ in 0..o.conns {
+        let body = body.clone();
+        tasks.spawn(async move {
+            let mut c = Conn::connect(addr).await?;
+            let mut h = histogram();
+            let mut jobs = 0u64;
+            let mut ids = String::new();
+            loop {
+                let t0 = Instant::now();
+                if t0 >= until {
+                    break;
+                }
+                for _ in 0..n {
+                    c.queue_put(0, 0, 60, &body);
+                }
+                c.flush().await?;
+                for _ in 0..n {
+                    c.reply().await?.id("INSERTED")?;
+                }
+                c.queue(format_args!("reserve-batch {n}"));
+                let got = c.round_trip().await?.id("RESERVED_BATCH")?;
+                ids.clear();
+                for _ in 0..got {
+                    let id = c.reply().await?.id("RESERVED")?;
+                    ids.push_str(&format!(" {id}"));
+                }
+                c.queue(format_args!("finish-batch{ids}"));
+                c.round_trip().await?.id("FINISHED")?;
+                if t0 >= from {
+                    jobs += got;
+                    h.saturating_record(micros(t0.elapsed()));
+                }
+            }
+            Ok((jobs, h))
+        });
+    }
+    let mut jobs = 0;
+    let mut h = histogram();
+    for (n, one) in join(tasks).await? {
+        jobs += n;
+        h.add(&one).expect("same bounds");
+    }
+    let mut report = Report::default();
+    report.add("jobs/s", "/s", jobs as f64 / o.secs);
+    let costs = costs.await.map_err(io::Error::other)??;
+    costs.report(&mut report, jobs as f64);
+    report.add("round p50", "ms", h.value_at_quantile(0.5) as f64 / 1000.0);
+    report.add("round p99", "ms", h.value_at_quantile(0.99) as f64 / 1000.0);
+    Ok(report)
+}
+
 pub async fn pipeline(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
     let epoch = Instant::now();
     let from = epoch + secs(o.warmup);

@@ -27,7 +27,9 @@ mod waiters;
 pub use waiters::WaiterId;
 
 use crate::error::StoreResult;
-use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
+use crate::job::{
+    JobBody, JobStats, Lifecycle, NewJob, PutOutcome, Released, Reserved, StoreStats, TubeStats,
+};
 use crate::names::{JobId, Tube};
 use crate::rules;
 use crate::store::{ConnId, Store, TubeRef};
@@ -62,21 +64,60 @@ impl<S: Store> Broker<S> {
     pub async fn put(&self, mut job: NewJob) -> StoreResult<PutOutcome> {
         job.ttr = rules::ttr(job.ttr);
         let tube = job.tube.clone();
-        let delay = job.delay;
-        let outcome = self.store.put(job).await?;
-        if matches!(outcome, PutOutcome::Inserted(_)) {
+        let (delay, ttl) = (job.delay, job.life.ttl);
+        let put = self.store.put(job).await?;
+        if matches!(put.outcome, PutOutcome::Inserted(_)) {
+            if let Some(expires) = put.expires.or(ttl) {
+                self.alarm.schedule(expires);
+            }
             self.ready_or_later(tube, delay).await;
         }
-        Ok(outcome)
+        Ok(put.outcome)
     }
 
     /// Reserves the best ready job of `tubes`, if any, without waiting.
     pub async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
         let got = self.store.reserve(conn, tubes).await?;
-        if let Some(r) = &got {
-            self.alarm.schedule(r.ttr);
+        match &got {
+            Some(r) => self.alarm.schedule(r.ttr),
+            None => self.wake_if_held_back(),
         }
         Ok(got)
+    }
+
+    /// After a reserve that took less than it asked for: if a rate limit
+    /// held it back, the timer serves the waiting workers when it ends.
+    fn wake_if_held_back(&self) {
+        if let Some(after) = self.store.held_back() {
+            self.alarm.schedule(after);
+        }
+    }
+
+    /// Reserves up to `max` ready jobs of `tubes` at once, without waiting.
+    pub async fn reserve_batch(
+        &self,
+        conn: ConnId,
+        tubes: &[Tube],
+        max: usize,
+    ) -> StoreResult<Vec<Reserved>> {
+        let got = self.store.reserve_batch(conn, tubes, max).await?;
+        if let Some(ttr) = got.iter().map(|r| r.ttr).min() {
+            self.alarm.schedule(ttr);
+        }
+        if got.len() < max {
+            self.wake_if_held_back();
+        }
+        Ok(got)
+    }
+
+    /// Deletes (or with `finish`, finishes) each of `ids`; how many went.
+    pub async fn remove_batch(
+        &self,
+        conn: ConnId,
+        ids: &[JobId],
+        finish: bool,
+    ) -> StoreResult<u64> {
+        self.store.remove_batch(conn, ids, finish).await
     }
 
     /// Reserves one job by id.
@@ -99,19 +140,29 @@ impl<S: Store> Broker<S> {
         self.store.finish(conn, id).await
     }
 
-    /// Releases a reserved job; returns whether `conn` held it.
+    /// Releases a reserved job; says where it went, if `conn` held it.
     pub async fn release(
         &self,
         conn: ConnId,
         id: &JobId,
         pri: u32,
         delay: Duration,
-    ) -> StoreResult<bool> {
-        let Some(tube) = self.store.release(conn, id, pri, delay).await? else {
-            return Ok(false);
-        };
-        self.ready_or_later(tube, delay).await;
-        Ok(true)
+    ) -> StoreResult<Option<Released>> {
+        let released = self.store.release(conn, id, pri, delay).await?;
+        if let Some(r) = released.as_ref().filter(|r| !r.buried) {
+            self.ready_or_later(r.tube.clone(), r.delay).await;
+        }
+        Ok(released)
+    }
+
+    /// Sets a tube's settings as a whole.
+    pub async fn set_tube(&self, tube: &Tube, options: Lifecycle) -> StoreResult<()> {
+        self.store.set_tube(tube, options).await
+    }
+
+    /// A tube's settings.
+    pub async fn tube_settings(&self, tube: &Tube) -> StoreResult<Lifecycle> {
+        self.store.tube_settings(tube).await
     }
 
     /// Buries a job reserved by `conn`; returns whether it held it.

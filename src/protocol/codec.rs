@@ -11,7 +11,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
 use super::ClientError;
-use super::command::{Command, Line, PutHeader, parse_line};
+use super::command::{Command, Line, MAX_BATCH_LINE, PutHeader, is_batch_line, parse_line};
 use super::json;
 use super::reply::{Mode, Response};
 
@@ -110,6 +110,8 @@ impl Decoder for Codec {
                     let json = buf.first() == Some(&b'{');
                     let cap = if json {
                         self.limits.json_line()
+                    } else if is_batch_line(buf) {
+                        MAX_BATCH_LINE
                     } else {
                         MAX_LINE
                     };
@@ -189,7 +191,7 @@ impl Decoder for Codec {
                     let body = Bytes::copy_from_slice(&buf[..len]);
                     buf.advance(len + 2);
                     return Ok(Codec::text(if framed_ok {
-                        Ok(header.with_body(body))
+                        header.with_body(body)
                     } else {
                         Err(ClientError::ExpectedCrlf)
                     }));
@@ -253,6 +255,7 @@ mod tests {
             id: None,
             tube: None,
             body: Bytes::copy_from_slice(body),
+            life: Default::default(),
         })
     }
 

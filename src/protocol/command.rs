@@ -8,7 +8,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::ClientError;
+use super::options;
+use crate::job::Lifecycle;
 use crate::names::{JobId, Tube, client_id, parse_u32, parse_u64};
+use crate::rules::MAX_BATCH;
 
 /// One parsed command, with every argument validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +30,8 @@ pub enum Command {
         tube: Option<Tube>,
         /// The job's body.
         body: Bytes,
+        /// Its options (extension).
+        life: Lifecycle,
     },
     /// `use <tube>`.
     Use(Tube),
@@ -37,8 +42,27 @@ pub enum Command {
         /// Reserve from this tube only instead of the watch list (JSON `topic`).
         tube: Option<Tube>,
     },
+    /// `reserve-batch <count> [<timeout>]` (extension), or JSON `pop` with
+    /// a `count`: waits as `reserve` does, then takes what is ready, up to
+    /// `count` jobs.
+    ReserveBatch {
+        /// The most jobs to take.
+        count: usize,
+        /// Seconds to wait; `None` waits for as long as it takes.
+        timeout: Option<u32>,
+        /// Reserve from this tube only instead of the watch list (JSON `topic`).
+        tube: Option<Tube>,
+    },
     /// `reserve-job <id>`.
     ReserveJob(JobId),
+    /// `delete-batch <id>...` or `finish-batch <id>...` (extension), or
+    /// JSON `delete` or `finish` with `ids`.
+    RemoveBatch {
+        /// The jobs.
+        ids: Vec<JobId>,
+        /// Finish (only jobs this connection holds) rather than delete.
+        finish: bool,
+    },
     /// `delete <id>`.
     Delete(JobId),
     /// `finish <id>` (extension): delete a job this connection has reserved.
@@ -91,6 +115,10 @@ pub enum Command {
     ListTubesWatched,
     /// `pause-tube <tube> <delay>`.
     PauseTube(Tube, u32),
+    /// `tube-set <tube> <option>=<value>...` (extension).
+    TubeSet(Tube, Lifecycle),
+    /// `tube-settings <tube>` (extension).
+    TubeSettings(Tube),
     /// `quit`.
     Quit,
 }
@@ -108,19 +136,23 @@ pub struct PutHeader {
     pub bytes: u64,
     /// Client-chosen id, if given.
     pub id: Option<Arc<str>>,
+    /// The options, or why they were refused: the reply waits until the
+    /// body has been read, so that it is not taken for a command.
+    pub life: Result<Lifecycle, ClientError>,
 }
 
 impl PutHeader {
     /// Completes the command once the body has been read.
-    pub fn with_body(self, body: Bytes) -> Command {
-        Command::Put {
+    pub fn with_body(self, body: Bytes) -> Result<Command, ClientError> {
+        Ok(Command::Put {
             pri: self.pri,
             delay: self.delay,
             ttr: self.ttr,
             id: self.id,
             tube: None,
             body,
-        }
+            life: self.life?,
+        })
     }
 }
 
@@ -182,6 +214,11 @@ const WITH_ARGS: &[&[u8]] = &[
     b"stats-job",
     b"stats-tube",
     b"pause-tube",
+    b"tube-set",
+    b"tube-settings",
+    b"reserve-batch",
+    b"delete-batch",
+    b"finish-batch",
 ];
 
 /// Commands recognised by prefix, longest first so that `list-tubes-watched`
@@ -209,16 +246,25 @@ const BARE: &[(&[u8], Option<Command>)] = &[
 
 fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
     let cmd = match (name, args) {
-        (b"put", [pri, delay, ttr, bytes, rest @ ..]) if rest.len() <= 1 => {
+        (b"put", [pri, delay, ttr, bytes, rest @ ..]) => {
+            // An id has no `=`; every word after it must be an option.
+            let (id, opts) = match rest {
+                [id, opts @ ..] if !id.contains(&b'=') => (Some(id), opts),
+                opts => (None, opts),
+            };
+            if opts.iter().any(|o| !o.contains(&b'=')) {
+                return Err(ClientError::BadFormat);
+            }
             return Ok(Line::Put(PutHeader {
                 pri: num32(pri)?,
                 delay: num32(delay)?,
                 ttr: num32(ttr)?,
                 bytes: parse_u64(bytes).ok_or(ClientError::BadFormat)?,
-                id: match rest {
-                    [id] => Some(client_id(id).ok_or(ClientError::BadFormat)?),
-                    _ => None,
+                id: match id {
+                    Some(id) => Some(client_id(id).ok_or(ClientError::BadFormat)?),
+                    None => None,
                 },
+                life: options::parse_job(opts),
             }));
         }
         (b"use", [tube]) => Command::Use(tube_arg(tube)?),
@@ -227,6 +273,17 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
             tube: None,
         },
         (b"reserve-job", [id]) => Command::ReserveJob(id_arg(id)?),
+        (b"reserve-batch", [count, rest @ ..]) if rest.len() <= 1 => Command::ReserveBatch {
+            count: batch_size(count)?,
+            timeout: rest.first().map(|t| num32(t)).transpose()?,
+            tube: None,
+        },
+        (b"delete-batch" | b"finish-batch", ids) if ids.len() <= MAX_BATCH => {
+            Command::RemoveBatch {
+                ids: ids.iter().map(|id| id_arg(id)).collect::<Result<_, _>>()?,
+                finish: name == b"finish-batch",
+            }
+        }
         (b"delete", [id]) => Command::Delete(id_arg(id)?),
         (b"finish", [id]) => Command::Finish(id_arg(id)?),
         (b"release", [id, pri, delay]) => Command::Release {
@@ -247,10 +304,32 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
         (b"stats-job", [id]) => Command::StatsJob(id_arg(id)?),
         (b"stats-tube", [tube]) => Command::StatsTube(tube_arg(tube)?),
         (b"pause-tube", [tube, delay]) => Command::PauseTube(tube_arg(tube)?, num32(delay)?),
+        (b"tube-set", [tube, opts @ ..]) => {
+            let tube = tube_arg(tube)?;
+            Command::TubeSet(tube, options::parse(opts)?)
+        }
+        (b"tube-settings", [tube]) => Command::TubeSettings(tube_arg(tube)?),
         _ => return Err(ClientError::BadFormat),
     };
     Ok(Line::Command(cmd))
 }
+
+/// A batch's size: 1 to [`MAX_BATCH`].
+pub fn batch_size(raw: &[u8]) -> Result<usize, ClientError> {
+    parse_u64(raw)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| (1..=MAX_BATCH).contains(n))
+        .ok_or(ClientError::BadFormat)
+}
+
+/// Whether a line that is not complete yet is a batch command's, which may
+/// be longer than other lines: [`MAX_BATCH`] ids of the longest kind.
+pub fn is_batch_line(start: &[u8]) -> bool {
+    start.starts_with(b"delete-batch ") || start.starts_with(b"finish-batch ")
+}
+
+/// The longest batch command line, line ending included.
+pub const MAX_BATCH_LINE: usize = 16 + MAX_BATCH * (crate::names::MAX_NAME_LEN + 1);
 
 fn num32(raw: &[u8]) -> Result<u32, ClientError> {
     parse_u32(raw).ok_or(ClientError::BadFormat)
@@ -284,6 +363,22 @@ mod tests {
         assert_eq!(h.id.as_deref(), Some("order-close:4711"));
         assert_eq!(cmd("put 0 0 60 5 4711"), Err(ClientError::BadFormat));
         assert_eq!(cmd("put 0 0 60 5 a b"), Err(ClientError::BadFormat));
+        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 refund:88 tries=5 backoff=exp:10s") else {
+            panic!("not a put")
+        };
+        assert_eq!(h.id.as_deref(), Some("refund:88"));
+        assert_eq!(h.life.map(|l| l.tries), Ok(Some(5)));
+        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 tries=5") else {
+            panic!("not a put")
+        };
+        assert_eq!((h.id, h.life.map(|l| l.tries)), (None, Ok(Some(5))));
+        // A bad option is refused once the body is read, not at the line.
+        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 tries=0") else {
+            panic!("not a put")
+        };
+        assert_eq!(h.life, Err(ClientError::BadOption));
+        assert_eq!(cmd("put 0 0 60 5 tries=5 a"), Err(ClientError::BadFormat));
+        assert_eq!(cmd("put 0 0 60 5 a b tries=5"), Err(ClientError::BadFormat));
         assert_eq!(cmd("put -1 0 60 5"), Err(ClientError::BadFormat));
         assert_eq!(cmd("put 0 0 60 5 "), Err(ClientError::BadFormat));
         assert_eq!(cmd("put 0 0 60"), Err(ClientError::BadFormat));
@@ -312,6 +407,40 @@ mod tests {
             Ok(Line::Command(Command::ListTubesWatched))
         );
         assert_eq!(cmd("reserve x"), Err(ClientError::BadFormat));
+    }
+
+    #[test]
+    fn batches() {
+        assert_eq!(
+            cmd("reserve-batch 100 5"),
+            Ok(Line::Command(Command::ReserveBatch {
+                count: 100,
+                timeout: Some(5),
+                tube: None
+            }))
+        );
+        assert!(matches!(
+            cmd("reserve-batch 1"),
+            Ok(Line::Command(Command::ReserveBatch { timeout: None, .. }))
+        ));
+        for bad in [
+            "reserve-batch 0",
+            "reserve-batch 1001",
+            "reserve-batch 1000000000",
+            "reserve-batch 5 1 1",
+            "finish-batch 1 -2",
+        ] {
+            assert_eq!(cmd(bad), Err(ClientError::BadFormat), "{bad}");
+        }
+        let Ok(Line::Command(Command::RemoveBatch { ids, finish })) =
+            cmd("finish-batch 7 order-close:4711")
+        else {
+            panic!("not a batch")
+        };
+        assert!(finish);
+        assert_eq!(ids[0], JobId::Server(7));
+        let many = format!("delete-batch{}", " 1".repeat(MAX_BATCH + 1));
+        assert_eq!(cmd(&many), Err(ClientError::BadFormat));
     }
 
     #[test]

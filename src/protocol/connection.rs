@@ -116,12 +116,21 @@ async fn answer<S: Store>(
     let reply = match outcome {
         Outcome::Reply(reply) => reply,
         Outcome::Quit => return false,
-        Outcome::Wait { tubes, timeout } => {
+        Outcome::Wait {
+            tubes,
+            timeout,
+            batch,
+        } => {
             if !flush_safe(wire).await {
                 return false;
             }
             shrink_when_idle(wire);
-            match wait(wire, session, tubes, timeout, started, shutdown).await {
+            let wanted = Wanted {
+                tubes,
+                timeout,
+                batch,
+            };
+            match wait(wire, session, wanted, started, shutdown).await {
                 Some(reply) => reply,
                 None => return false,
             }
@@ -264,7 +273,11 @@ const TIMEOUT_GRACE: Duration = Duration::from_millis(10);
 /// Before a reserve times out, moves whatever has fallen due and tries once
 /// more, as beanstalkd does: a job due a millisecond before the timeout must
 /// not be missed because the timer had not run yet.
-async fn last_chance<S: Store>(session: &mut Session<S>, tubes: &[Tube]) -> Reply {
+async fn last_chance<S: Store>(
+    session: &mut Session<S>,
+    tubes: &[Tube],
+    batch: Option<usize>,
+) -> Reply {
     for _ in 0..3 {
         let broker = session.broker();
         let next = match broker.tick().await {
@@ -277,8 +290,8 @@ async fn last_chance<S: Store>(session: &mut Session<S>, tubes: &[Tube]) -> Repl
         // A pass may have reserved a job for this very connection as it
         // timed out, and be giving it back.
         broker.settle().await;
-        if let Ok(Some(got)) = broker.reserve(session.id, tubes).await {
-            return session.took(got);
+        if let Ok(Some(reply)) = session.reserve_now(tubes, batch).await {
+            return reply;
         }
         match next {
             Some(after) if after <= TIMEOUT_GRACE => tokio::time::sleep(after).await,
@@ -332,11 +345,15 @@ const READ_AHEAD: usize = 64 * 1024;
 async fn wait<S: Store>(
     wire: &mut Wire,
     session: &mut Session<S>,
-    tubes: Arc<[Tube]>,
-    timeout: Option<Duration>,
+    wanted: Wanted,
     started: Instant,
     shutdown: &CancellationToken,
 ) -> Option<Reply> {
+    let Wanted {
+        tubes,
+        timeout,
+        batch,
+    } = wanted;
     let timeout_at = timeout.map(|t| Instant::now() + t);
     let soon_at = session.deadline_soon_at();
     let limit = session.broker().call_limit();
@@ -356,7 +373,10 @@ async fn wait<S: Store>(
                 wire.read_buffer_mut().extend_from_slice(&ahead);
                 // A sender is only dropped unsent if the waiter was taken
                 // without a job, which the broker never does.
-                return Some(handed.map_or(Reply::TimedOut, |got| session.took(got)));
+                return Some(match handed {
+                    Ok(got) => session.handed(got, &tubes, batch).await,
+                    Err(_) => Reply::TimedOut,
+                });
             }
             () = sleep_until_some(timeout_at) => break Some(Reply::TimedOut),
             () = sleep_until_some(soon_at) => break Some(Reply::DeadlineSoon),
@@ -383,7 +403,7 @@ async fn wait<S: Store>(
             // began: a `reserve-with-timeout T` answers by T plus the
             // limit, however long its first look took.
             let deadline = limit.map(|limit| started + timeout.unwrap_or_default() + limit);
-            let last = until(deadline, Box::pin(last_chance(session, &tubes))).await;
+            let last = until(deadline, Box::pin(last_chance(session, &tubes, batch))).await;
             return Some(last.unwrap_or(Reply::TimedOut));
         }
         return give_up;
@@ -393,8 +413,21 @@ async fn wait<S: Store>(
     match rx.await {
         Ok(got) => {
             let reply = session.took(got);
-            give_up.map(|_| reply)
+            give_up.map(|_| match reply {
+                Reply::Reserved(job) if batch.is_some() => Reply::Batch(vec![job]),
+                reply => reply,
+            })
         }
         Err(_) => give_up,
     }
+}
+
+/// What a blocked reserve waits for.
+struct Wanted {
+    /// The tubes it takes from.
+    tubes: Arc<[Tube]>,
+    /// How long it waits at most.
+    timeout: Option<Duration>,
+    /// For a batch: the most jobs it takes once one is handed over.
+    batch: Option<usize>,
 }

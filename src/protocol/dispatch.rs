@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::command::Command;
 use super::failure::failed;
+use super::options;
 use super::reply::Reply;
 use super::session::{Outcome, Session, secs};
 use super::stats::{render_job, render_tube, render_tubes};
@@ -65,26 +66,18 @@ impl<S: Store> Session<S> {
                 }
                 Reply::Using(tube)
             }
-            Command::Reserve { timeout, tube } => {
-                let tubes: Arc<[Tube]> = match tube {
-                    Some(t) => Arc::from([t]),
-                    None => Arc::from(self.watched.as_slice()),
-                };
-                if let Some(got) = broker.reserve(conn, &tubes).await? {
-                    self.took(got)
-                } else if self
-                    .deadline_soon_at()
-                    .is_some_and(|at| at <= Instant::now())
-                {
-                    Reply::DeadlineSoon
-                } else if timeout == Some(0) {
-                    Reply::TimedOut
-                } else {
-                    return Ok(Outcome::Wait {
-                        tubes,
-                        timeout: timeout.map(secs),
-                    });
+            Command::Reserve { timeout, tube } => return self.reserve(tube, timeout, None).await,
+            Command::ReserveBatch {
+                count,
+                timeout,
+                tube,
+            } => return self.reserve(tube, timeout, Some(count)).await,
+            Command::RemoveBatch { ids, finish } => {
+                let count = broker.remove_batch(conn, &ids, finish).await?;
+                for id in &ids {
+                    self.deadlines.remove(id);
                 }
+                Reply::Removed { finish, count }
             }
             Command::ReserveJob(id) => match broker.reserve_job(conn, &id).await? {
                 Some(got) => self.took(got),
@@ -101,9 +94,13 @@ impl<S: Store> Session<S> {
                 found(yes, Reply::Finished(id))
             }
             Command::Release { id, pri, delay } => {
-                let yes = broker.release(conn, &id, pri, secs(delay)).await?;
+                let released = broker.release(conn, &id, pri, secs(delay)).await?;
                 self.deadlines.remove(&id);
-                found(yes, Reply::Released)
+                match released {
+                    Some(r) if r.buried => Reply::Buried,
+                    Some(_) => Reply::Released,
+                    None => Reply::NotFound,
+                }
             }
             Command::Bury { id, pri } => {
                 let yes = broker.bury(conn, &id, pri).await?;
@@ -159,7 +156,49 @@ impl<S: Store> Session<S> {
             Command::PauseTube(tube, delay) => {
                 found(broker.pause_tube(&tube, secs(delay)).await?, Reply::Paused)
             }
+            Command::TubeSet(tube, options) => {
+                broker.set_tube(&tube, options).await?;
+                Reply::Set
+            }
+            Command::TubeSettings(tube) => {
+                let mut doc = String::from("---\n");
+                options::yaml(&broker.tube_settings(&tube).await?, &mut doc);
+                Reply::Yaml(doc)
+            }
             Command::Quit => return Ok(Outcome::Quit),
+        };
+        Ok(Outcome::Reply(reply))
+    }
+}
+
+impl<S: Store> Session<S> {
+    /// A reserve of one job, or with `batch` of up to that many: what is
+    /// ready now, else `DEADLINE_SOON` or `TIMED_OUT` when due, else a wait.
+    async fn reserve(
+        &mut self,
+        tube: Option<Tube>,
+        timeout: Option<u32>,
+        batch: Option<usize>,
+    ) -> StoreResult<Outcome> {
+        let tubes: Arc<[Tube]> = match tube {
+            Some(t) => Arc::from([t]),
+            None => Arc::from(self.watched.as_slice()),
+        };
+        let reply = if let Some(reply) = self.reserve_now(&tubes, batch).await? {
+            reply
+        } else if self
+            .deadline_soon_at()
+            .is_some_and(|at| at <= Instant::now())
+        {
+            Reply::DeadlineSoon
+        } else if timeout == Some(0) {
+            Reply::TimedOut
+        } else {
+            return Ok(Outcome::Wait {
+                tubes,
+                timeout: timeout.map(secs),
+                batch,
+            });
         };
         Ok(Outcome::Reply(reply))
     }

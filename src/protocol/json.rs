@@ -1,14 +1,18 @@
 //! JSON-lines mode (extension): a command line that starts with `{` is one
 //! JSON object, mapped onto the same [`Command`] values as the text protocol.
 //!
-//! Commands: `add`, `pop`, `finish`, `delete`. Ids travel as JSON strings.
+//! Commands: `add`, `pop`, `finish`, `delete` (the last three also by the
+//! batch: `count`, `ids`). Ids travel as JSON strings.
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::ClientError;
-use super::command::Command;
+use super::command::{Command, batch_size};
+use super::options;
+use crate::job::Lifecycle;
 use crate::names::{JobId, Tube, client_id};
+use crate::rules::MAX_BATCH;
 
 /// Priority of an `add` that gives none (beanstalkd clients' usual default).
 pub const DEFAULT_PRIORITY: u32 = 1024;
@@ -47,14 +51,40 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
                 id,
                 tube: Some(topic(&obj)?),
                 body: Bytes::copy_from_slice(body),
+                life: life(&obj)?,
             })
         }
-        "pop" => Ok(Command::Reserve {
-            timeout: seconds(&obj, "timeout")?,
-            tube: Some(topic(&obj)?),
-        }),
-        "finish" => Ok(Command::Finish(job_id(&obj)?)),
-        "delete" => Ok(Command::Delete(job_id(&obj)?)),
+        "pop" => {
+            let (timeout, tube) = (seconds(&obj, "timeout")?, Some(topic(&obj)?));
+            Ok(match obj.get("count") {
+                None | Some(Value::Null) => Command::Reserve { timeout, tube },
+                Some(Value::Number(n)) => Command::ReserveBatch {
+                    count: batch_size(n.to_string().as_bytes())?,
+                    timeout,
+                    tube,
+                },
+                Some(_) => return Err(ClientError::BadFormat),
+            })
+        }
+        "finish" | "delete" => {
+            let finish = name == "finish";
+            if let Some(ids) = obj.get("ids") {
+                let Value::Array(ids) = ids else {
+                    return Err(ClientError::BadFormat);
+                };
+                if ids.len() > MAX_BATCH {
+                    return Err(ClientError::BadFormat);
+                }
+                let ids = ids.iter().map(id_value).collect::<Result<_, _>>()?;
+                return Ok(Command::RemoveBatch { ids, finish });
+            }
+            let id = job_id(&obj)?;
+            Ok(if finish {
+                Command::Finish(id)
+            } else {
+                Command::Delete(id)
+            })
+        }
         _ => Err(ClientError::UnknownCommand),
     }
 }
@@ -68,11 +98,40 @@ fn topic(obj: &Map<String, Value>) -> Result<Tube, ClientError> {
 
 /// Ids are strings; a bare non-negative integer is accepted as a server id.
 fn job_id(obj: &Map<String, Value>) -> Result<JobId, ClientError> {
-    match obj.get("id") {
-        Some(Value::String(s)) => JobId::parse(s.as_bytes()).ok_or(ClientError::BadFormat),
-        Some(Value::Number(n)) => n.as_u64().map(JobId::Server).ok_or(ClientError::BadFormat),
+    obj.get("id").map_or(Err(ClientError::BadFormat), id_value)
+}
+
+fn id_value(v: &Value) -> Result<JobId, ClientError> {
+    match v {
+        Value::String(s) => JobId::parse(s.as_bytes()).ok_or(ClientError::BadFormat),
+        Value::Number(n) => n.as_u64().map(JobId::Server).ok_or(ClientError::BadFormat),
         _ => Err(ClientError::BadFormat),
     }
+}
+
+/// The options of an `add`, each a number or a string as the text
+/// protocol spells its value (`"exp:10s"`); a number of seconds for the
+/// durations.
+fn life(obj: &Map<String, Value>) -> Result<Lifecycle, ClientError> {
+    let mut life = Lifecycle::default();
+    for name in [
+        "tries",
+        "backoff",
+        "backoff-max",
+        "jitter",
+        "ttl",
+        "unique",
+        "rate",
+    ] {
+        let value = match obj.get(name) {
+            None | Some(Value::Null) => continue,
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) if n.is_u64() => n.to_string(),
+            Some(_) => return Err(ClientError::BadOption),
+        };
+        options::set(&mut life, name.as_bytes(), value.as_bytes())?;
+    }
+    options::job_only(life)
 }
 
 /// An optional whole number that fits in 32 bits (seconds or a priority).
@@ -97,6 +156,26 @@ mod tests {
     }
 
     #[test]
+    fn add_takes_options() {
+        let Ok(Command::Put { life, .. }) = p(
+            r#"{"command":"add","topic":"t","body":"x","tries":5,"backoff":"exp:10s","backoff-max":600,"jitter":20}"#,
+        ) else {
+            panic!("not an add")
+        };
+        assert_eq!(life.tries, Some(5));
+        assert_eq!(life.backoff_max, Some(std::time::Duration::from_secs(600)));
+        for bad in [
+            r#""tries":0"#,
+            r#""tries":"x""#,
+            r#""tries":true"#,
+            r#""jitter":-1"#,
+        ] {
+            let line = format!(r#"{{"command":"add","topic":"t","body":"x",{bad}}}"#);
+            assert_eq!(p(&line), Err(ClientError::BadOption), "{bad}");
+        }
+    }
+
+    #[test]
     fn add_with_defaults() {
         let Ok(Command::Put {
             pri,
@@ -105,10 +184,12 @@ mod tests {
             id,
             tube,
             body,
+            life,
         }) = p(r#"{"command":"add","topic":"t","body":"x"}"#)
         else {
             panic!("not an add")
         };
+        assert!(life.is_empty());
         assert_eq!(
             (pri, delay, ttr, id),
             (DEFAULT_PRIORITY, 0, DEFAULT_TTR, None)

@@ -27,6 +27,7 @@ pub mod connection;
 pub mod dispatch;
 pub mod failure;
 pub mod json;
+pub mod options;
 pub mod reply;
 pub mod session;
 pub mod stats;
@@ -42,4 +43,6 @@ pub enum ClientError {
     ExpectedCrlf,
     /// A job body is larger than the server's `-z` limit.
     JobTooBig,
+    /// An option is unknown, given twice, or out of range.
+    BadOption,
 }

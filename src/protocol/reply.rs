@@ -32,6 +32,17 @@ pub enum Reply {
     Using(Tube),
     /// `RESERVED <id> <bytes>` and the body.
     Reserved(JobBody),
+    /// `RESERVED_BATCH <count>`, then each job as `RESERVED` gives it
+    /// (extension).
+    Batch(Vec<JobBody>),
+    /// `DELETED <count>` or `FINISHED <count>`: how many of a batch went
+    /// (extension).
+    Removed {
+        /// `FINISHED` rather than `DELETED`.
+        finish: bool,
+        /// How many went.
+        count: u64,
+    },
     /// `DEADLINE_SOON`.
     DeadlineSoon,
     /// `TIMED_OUT`.
@@ -62,6 +73,8 @@ pub enum Reply {
     Yaml(String),
     /// `PAUSED`.
     Paused,
+    /// `SET`: a tube's settings were set (extension).
+    Set,
     /// `DRAINING`: the server takes no new jobs.
     Draining,
     /// `OUT_OF_MEMORY`.
@@ -87,6 +100,9 @@ impl Reply {
             Reply::Exists(_) => "EXISTS",
             Reply::Using(_) => "USING",
             Reply::Reserved(_) => "RESERVED",
+            Reply::Batch(_) => "RESERVED_BATCH",
+            Reply::Removed { finish: true, .. } => "FINISHED",
+            Reply::Removed { finish: false, .. } => "DELETED",
             Reply::DeadlineSoon => "DEADLINE_SOON",
             Reply::TimedOut => "TIMED_OUT",
             Reply::Deleted(_) => "DELETED",
@@ -108,6 +124,8 @@ impl Reply {
             Reply::Client(ClientError::UnknownCommand) => "UNKNOWN_COMMAND",
             Reply::Client(ClientError::ExpectedCrlf) => "EXPECTED_CRLF",
             Reply::Client(ClientError::JobTooBig) => "JOB_TOO_BIG",
+            Reply::Client(ClientError::BadOption) => "BAD_OPTION",
+            Reply::Set => "SET",
         }
     }
 
@@ -119,12 +137,14 @@ impl Reply {
             Reply::Using(tube) => line(dst, format_args!("{word} {tube}")),
             Reply::Watching(n) => line(dst, format_args!("{word} {n}")),
             Reply::Kicked(n) => line(dst, format_args!("{word} {n}")),
-            Reply::Reserved(job) | Reply::Found(job) => {
-                dst.reserve(job.body.len() + 64);
-                line(dst, format_args!("{word} {} {}", job.id, job.body.len()));
-                dst.put_slice(&job.body);
-                dst.put_slice(b"\r\n");
+            Reply::Reserved(job) | Reply::Found(job) => job_text(dst, word, job),
+            Reply::Batch(jobs) => {
+                line(dst, format_args!("{word} {}", jobs.len()));
+                for job in jobs {
+                    job_text(dst, "RESERVED", job);
+                }
             }
+            Reply::Removed { count, .. } => line(dst, format_args!("{word} {count}")),
             Reply::Yaml(doc) => {
                 line(dst, format_args!("{word} {}", doc.len()));
                 dst.put_slice(doc.as_bytes());
@@ -144,14 +164,20 @@ impl Reply {
             Reply::Inserted(id) | Reply::Deleted(id) | Reply::Finished(id) => {
                 json!({"success": true, "id": id.to_string()})
             }
-            Reply::Reserved(job) | Reply::Found(job) => json!({
+            Reply::Reserved(job) | Reply::Found(job) => {
+                let mut value = json!({"success": true});
+                if let (Some(out), serde_json::Value::Object(fields)) =
+                    (value.as_object_mut(), job_json(job))
+                {
+                    out.extend(fields);
+                }
+                value
+            }
+            Reply::Batch(jobs) => json!({
                 "success": true,
-                "id": job.id.to_string(),
-                "topic": job.tube.as_str(),
-                // JSON strings are Unicode: a body that is not UTF-8 comes out
-                // with U+FFFD in place of the invalid bytes (see protocol.md).
-                "value": String::from_utf8_lossy(&job.body),
+                "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
             }),
+            Reply::Removed { count, .. } => json!({"success": true, "count": count}),
             Reply::Exists(id) => {
                 json!({"success": false, "error": self.word(), "id": id.to_string()})
             }
@@ -162,6 +188,25 @@ impl Reply {
         let _ = serde_json::to_writer(&mut w, &value);
         w.get_mut().put_slice(b"\r\n");
     }
+}
+
+/// A job as `RESERVED` and `FOUND` give it: the word, id and length, the body.
+fn job_text(dst: &mut BytesMut, word: &str, job: &JobBody) {
+    dst.reserve(job.body.len() + 64);
+    line(dst, format_args!("{word} {} {}", job.id, job.body.len()));
+    dst.put_slice(&job.body);
+    dst.put_slice(b"\r\n");
+}
+
+/// A job as JSON gives it.
+fn job_json(job: &JobBody) -> serde_json::Value {
+    json!({
+        "id": job.id.to_string(),
+        "topic": job.tube.as_str(),
+        // JSON strings are Unicode: a body that is not UTF-8 comes out with
+        // U+FFFD in place of the invalid bytes (see protocol.md).
+        "value": String::from_utf8_lossy(&job.body),
+    })
 }
 
 fn line(dst: &mut BytesMut, args: std::fmt::Arguments<'_>) {

@@ -14,6 +14,7 @@ use super::reply::Reply;
 use super::stats::{Cmd, ServerStats};
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::error::StoreResult;
 use crate::job::{NewJob, Reserved};
 use crate::names::{JobId, Tube};
 use crate::rules::SAFETY_MARGIN;
@@ -41,6 +42,8 @@ pub enum Outcome {
         tubes: Arc<[Tube]>,
         /// How long to wait at most.
         timeout: Option<Duration>,
+        /// For a batch: the most jobs to take once one is handed over.
+        batch: Option<usize>,
     },
     /// Close the connection.
     Quit,
@@ -133,6 +136,53 @@ impl<S: Store> Session<S> {
         Reply::Reserved(got.job)
     }
 
+    /// Notes the deadlines of a batch just reserved; its reply.
+    pub fn took_batch(&mut self, got: Vec<Reserved>) -> Reply {
+        let now = Instant::now();
+        let jobs = got
+            .into_iter()
+            .map(|r| {
+                self.deadlines.insert(r.job.id.clone(), now + r.ttr);
+                r.job
+            })
+            .collect();
+        Reply::Batch(jobs)
+    }
+
+    /// Reserves what is ready without waiting: one job, or with `batch`
+    /// up to that many; the reply, if anything was ready.
+    pub async fn reserve_now(
+        &mut self,
+        tubes: &[Tube],
+        batch: Option<usize>,
+    ) -> StoreResult<Option<Reply>> {
+        let shared = self.shared.clone();
+        let Some(max) = batch else {
+            let got = shared.broker.reserve(self.id, tubes).await?;
+            return Ok(got.map(|got| self.took(got)));
+        };
+        let got = shared.broker.reserve_batch(self.id, tubes, max).await?;
+        Ok((!got.is_empty()).then(|| self.took_batch(got)))
+    }
+
+    /// The reply for a job handed to this connection while it waited: with
+    /// `batch`, whatever else is ready joins it, up to the batch's size.
+    pub async fn handed(&mut self, got: Reserved, tubes: &[Tube], batch: Option<usize>) -> Reply {
+        let Some(max) = batch else {
+            return self.took(got);
+        };
+        let shared = self.shared.clone();
+        let mut all = vec![got];
+        if max > 1 {
+            match shared.broker.reserve_batch(self.id, tubes, max - 1).await {
+                Ok(more) => all.extend(more),
+                // The job handed over is this connection's all the same.
+                Err(e) => tracing::debug!(error = %e, "the rest of a batch could not be reserved"),
+            }
+        }
+        self.took_batch(all)
+    }
+
     /// When the next `DEADLINE_SOON` is due, if this connection holds jobs.
     pub fn deadline_soon_at(&mut self) -> Option<Instant> {
         let now = Instant::now();
@@ -171,6 +221,7 @@ impl<S: Store> Session<S> {
             id,
             tube,
             body,
+            life,
         } = put
         else {
             unreachable!("new_job is only given puts")
@@ -185,6 +236,7 @@ impl<S: Store> Session<S> {
             delay: secs(delay),
             ttr: secs(ttr),
             body,
+            life,
         })
     }
 }

@@ -11,6 +11,7 @@ use std::time::Instant;
 use std::time::Duration;
 
 use super::command::Command;
+use super::options;
 use crate::job::{JobState, JobStats, LogStats, StoreStats, TubeStats};
 use crate::names::{JobId, Tube};
 
@@ -81,7 +82,13 @@ impl Cmd {
             Command::Reserve {
                 timeout: Some(_), ..
             } => Cmd::ReserveWithTimeout,
+            Command::ReserveBatch { timeout: None, .. } => Cmd::Reserve,
+            Command::ReserveBatch {
+                timeout: Some(_), ..
+            } => Cmd::ReserveWithTimeout,
             Command::ReserveJob(_) => Cmd::ReserveJob,
+            Command::RemoveBatch { finish: true, .. } => Cmd::Finish,
+            Command::RemoveBatch { finish: false, .. } => Cmd::Delete,
             Command::Delete(_) => Cmd::Delete,
             Command::Finish(_) => Cmd::Finish,
             Command::Release { .. } => Cmd::Release,
@@ -102,7 +109,9 @@ impl Cmd {
             Command::ListTubeUsed => Cmd::ListTubeUsed,
             Command::ListTubesWatched => Cmd::ListTubesWatched,
             Command::PauseTube(..) => Cmd::PauseTube,
-            Command::Quit => return None,
+            // Extensions without a beanstalkd counter, so that `stats`
+            // stays beanstalkd's document.
+            Command::TubeSet(..) | Command::TubeSettings(_) | Command::Quit => return None,
         })
     }
 }
@@ -257,6 +266,7 @@ impl ServerStats {
         for (name, n) in CMD_NAMES.iter().zip(&self.cmds).skip(BEANSTALKD_CMDS) {
             field(&mut y, name, get(n));
         }
+        field(&mut y, "total-jobs-expired", store.expired);
         y
     }
 }
@@ -317,6 +327,35 @@ pub fn render_job(j: &JobStats) -> String {
     field(&mut y, "releases", c.releases);
     field(&mut y, "buries", c.buries);
     field(&mut y, "kicks", c.kicks);
+    if let Some(life) = &j.life {
+        let o = &life.options;
+        field(&mut y, "tries", life.tries);
+        match o.tries {
+            Some(n) => field(&mut y, "max-tries", n),
+            None => field(&mut y, "max-tries", "none"),
+        }
+        match o.backoff {
+            Some(b) => field(&mut y, "backoff", options::show_backoff(b)),
+            None => field(&mut y, "backoff", "none"),
+        }
+        match o.backoff_max {
+            Some(d) => field(&mut y, "backoff-max", options::show_duration(d)),
+            None => field(&mut y, "backoff-max", "none"),
+        }
+        field(&mut y, "jitter", o.jitter.unwrap_or(0));
+        match o.ttl {
+            Some(d) => field(&mut y, "ttl", options::show_duration(d)),
+            None => field(&mut y, "ttl", "none"),
+        }
+        match o.unique {
+            Some(d) => field(&mut y, "unique", options::show_duration(d)),
+            None => field(&mut y, "unique", "none"),
+        }
+        if j.state == JobState::Buried {
+            let why = if life.dead { "tries" } else { "bury" };
+            field(&mut y, "buried-because", why);
+        }
+    }
     y
 }
 
@@ -339,6 +378,11 @@ pub fn render_tube(t: &TubeStats, waiting: u64) -> String {
     field(&mut y, "cmd-pause-tube", t.cmd_pause_tube);
     field(&mut y, "pause", secs(t.pause));
     field(&mut y, "pause-time-left", secs_left(t.pause_time_left));
+    // Only once a job of the tube has expired, so that a tube that uses no
+    // time to live shows beanstalkd's document.
+    if t.expired > 0 {
+        field(&mut y, "total-jobs-expired", t.expired);
+    }
     y
 }
 

@@ -14,7 +14,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::error::StoreResult;
-use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
+use crate::job::{
+    JobBody, JobStats, Lifecycle, NewJob, Put, Released, Reserved, StoreStats, TubeStats,
+};
 use crate::names::{JobId, Tube};
 
 pub mod held;
@@ -62,7 +64,7 @@ pub enum StoreEvent {
 /// connection that reserved a job may release, bury, touch or finish it.
 pub trait Store: Send + Sync + 'static {
     /// Inserts a job, ready or delayed.
-    fn put(&self, job: NewJob) -> impl Future<Output = StoreResult<PutOutcome>> + Send;
+    fn put(&self, job: NewJob) -> impl Future<Output = StoreResult<Put>> + Send;
 
     /// Reserves the most urgent ready job of the unpaused `tubes` (lowest
     /// priority, then oldest) for `conn`.
@@ -71,6 +73,16 @@ pub trait Store: Send + Sync + 'static {
         conn: ConnId,
         tubes: &[Tube],
     ) -> impl Future<Output = StoreResult<Option<Reserved>>> + Send;
+
+    /// Reserves up to `max` of the most urgent ready jobs of the unpaused
+    /// `tubes` for `conn`, in the order `reserve` would take them one by
+    /// one, in one atomic step (on a cluster, one per shard it takes from).
+    fn reserve_batch(
+        &self,
+        conn: ConnId,
+        tubes: &[Tube],
+        max: usize,
+    ) -> impl Future<Output = StoreResult<Vec<Reserved>>> + Send;
 
     /// Reserves one job by id, if it is ready, delayed or buried.
     fn reserve_job(
@@ -90,14 +102,25 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes a job only if `conn` has it reserved.
     fn finish(&self, conn: ConnId, id: &JobId) -> impl Future<Output = StoreResult<bool>> + Send;
 
-    /// Puts a job reserved by `conn` back, ready or delayed. Returns its tube.
+    /// Deletes each of `ids` as [`Store::delete`] would, or with `finish`
+    /// as [`Store::finish`] would, in one atomic step (on a cluster, one
+    /// per shard); returns how many went.
+    fn remove_batch(
+        &self,
+        conn: ConnId,
+        ids: &[JobId],
+        finish: bool,
+    ) -> impl Future<Output = StoreResult<u64>> + Send;
+
+    /// Puts a job reserved by `conn` back, ready or delayed (by `delay`, or
+    /// if that is zero by its backoff), or buried if it used up its tries.
     fn release(
         &self,
         conn: ConnId,
         id: &JobId,
         pri: u32,
         delay: Duration,
-    ) -> impl Future<Output = StoreResult<Option<Tube>>> + Send;
+    ) -> impl Future<Output = StoreResult<Option<Released>>> + Send;
 
     /// Buries a job reserved by `conn`.
     fn bury(
@@ -158,6 +181,17 @@ pub trait Store: Send + Sync + 'static {
         delay: Duration,
     ) -> impl Future<Output = StoreResult<bool>> + Send;
 
+    /// Sets a tube's settings as a whole (all unset clears them), whether
+    /// or not the tube exists.
+    fn set_tube(
+        &self,
+        tube: &Tube,
+        options: Lifecycle,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// A tube's settings.
+    fn tube_settings(&self, tube: &Tube) -> impl Future<Output = StoreResult<Lifecycle>> + Send;
+
     /// Returns every job `conn` has reserved to ready (it disconnected).
     /// `held` lists the jobs the connection believes it holds: an engine that
     /// does not index jobs by holder returns those it still holds (the others
@@ -169,7 +203,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<Vec<Tube>>> + Send;
 
     /// Moves what has fallen due: delayed jobs to ready, reserved jobs past
-    /// their TTR back to ready, paused tubes whose pause ran out.
+    /// their TTR back (ready, delayed by their backoff, or buried if they
+    /// used up their tries), paused tubes whose pause ran out.
     fn tick(&self) -> impl Future<Output = StoreResult<Tick>> + Send;
 
     /// Records that a connection uses or watches `tube`, creating it if needed.
@@ -184,6 +219,14 @@ pub trait Store: Send + Sync + 'static {
     /// Events from other processes sharing the storage, if it is shared.
     /// Called once, when the server starts.
     fn events(&self) -> Option<tokio::sync::mpsc::Receiver<StoreEvent>> {
+        None
+    }
+
+    /// How soon the timer must look at the store again, if a reserve that
+    /// found nothing was held back by a rate limit: its waiting workers are
+    /// served when the limit's second ends. An engine whose timer wakes
+    /// often enough by itself ([`Store::max_sleep`]) may leave it out.
+    fn held_back(&self) -> Option<Duration> {
         None
     }
 

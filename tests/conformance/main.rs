@@ -14,8 +14,11 @@ mod support;
 
 mod client_ids;
 mod errors;
+mod expiry;
 mod json;
 mod lifecycle;
+mod rate;
+mod retries;
 mod stats;
 mod timing;
 mod tubes;

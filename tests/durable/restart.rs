@@ -178,3 +178,201 @@ async fn a_job_due_during_an_outage_is_ready_at_once() {
     let left = stats.num("time-left");
     assert!((3590..=3597).contains(&left), "time-left {left}");
 }
+
+/// Sends `put <args> <bytes> <options>` and the body; returns the new id.
+async fn put_with_options(c: &mut Client, args: &str, body: &[u8], options: &str) -> String {
+    let mut msg = format!("put {args} {} {options}\r\n", body.len()).into_bytes();
+    msg.extend_from_slice(body);
+    msg.extend_from_slice(b"\r\n");
+    c.send(&msg).await;
+    inserted(&c.line().await)
+}
+
+/// Checks the tries-and-backoff fields of a job's `stats-job`, and its
+/// state and counters: `want` lists `field: value` pairs.
+async fn check_job_fields(c: &mut Client, id: &str, want: &[(&str, &str)], when: &str) {
+    let stats = c.stats_job(id).await;
+    let got: Vec<(&str, &str)> = want.iter().map(|(k, _)| (*k, stats.get(k))).collect();
+    assert_eq!(got, want, "job {id} {when}");
+}
+
+/// Every job's options, its tries in this round, why it is buried and its
+/// state come back after SIGKILL and after a second SIGKILL right after the
+/// recovery; so do a tube's settings, which a job put after each restart
+/// still takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tries_backoff_and_tube_settings_survive_sigkill_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    let mut worker = daemon.client().await;
+    assert_eq!(c.cmd("tube-set refunds tries=3 backoff=1m").await, "SET");
+    // Untouched: ready, with every option of its own.
+    let fresh = put_with_options(&mut c, "0 0 1", b"abc", "tries=2 backoff=exp:5s jitter=10").await;
+    let capped = put_with_options(
+        &mut c,
+        "4 0 60",
+        b"capped",
+        "tries=7 backoff=exp:90s backoff-max=1h jitter=0",
+    )
+    .await;
+    // A dead letter: its one try's TTR ran out.
+    let dead = put_with_options(&mut c, "0 0 1", b"dead", "tries=1").await;
+    // On its second try: reserved once, its TTR ran out, waiting out the
+    // backoff of its tube's settings.
+    assert_eq!(c.cmd("use refunds").await, "USING refunds");
+    let second = inserted(&c.put(0, 0, 1, b"refund 1").await);
+    // Buried by its worker, not for its tries.
+    let buried = put_with_options(&mut c, "0 0 60", b"buried", "tries=5 backoff=10s").await;
+    // A dead letter kicked into a fresh round: its tries start again.
+    let kicked = put_with_options(&mut c, "0 0 60", b"kicked", "tries=1 backoff=2m").await;
+    worker.reserved(&format!("reserve-job {dead}")).await;
+    worker.reserved(&format!("reserve-job {second}")).await;
+    worker.reserved(&format!("reserve-job {buried}")).await;
+    assert_eq!(worker.cmd(&format!("bury {buried} 9")).await, "BURIED");
+    worker.reserved(&format!("reserve-job {kicked}")).await;
+    assert_eq!(worker.cmd(&format!("release {kicked} 0 0")).await, "BURIED");
+    assert_eq!(c.cmd(&format!("kick-job {kicked}")).await, "KICKED");
+    // The two TTRs of one second run out.
+    c.poll_yaml(&format!("stats-job {dead}"), |y| y.get("state") == "buried")
+        .await;
+    c.poll_yaml(&format!("stats-job {second}"), |y| {
+        y.get("state") == "delayed"
+    })
+    .await;
+    let mut ids = vec![
+        fresh.clone(),
+        capped.clone(),
+        dead.clone(),
+        second.clone(),
+        buried.clone(),
+        kicked.clone(),
+    ];
+    let mut expected = image(&mut c, &ids).await;
+    let settings = c.yaml("tube-settings refunds").await.pairs;
+    daemon.kill();
+    let killed_at = Instant::now();
+
+    let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(settings, pairs(&[("tries", "3"), ("backoff", "1m")]));
+    for round in ["first", "second"] {
+        let when = format!("after the {round} SIGKILL");
+        let mut daemon = Daemon::durable(dir.path(), &[]).await;
+        let mut c = daemon.client().await;
+        assert_eq!(image(&mut c, &ids).await, expected, "{when}");
+        // The same, field by field, for what this feature added.
+        let options = |tries, max, backoff, backoff_max, jitter| {
+            vec![
+                ("tries", tries),
+                ("max-tries", max),
+                ("backoff", backoff),
+                ("backoff-max", backoff_max),
+                ("jitter", jitter),
+            ]
+        };
+        let mut want = vec![("state", "ready")];
+        want.extend(options("0", "2", "exp:5s", "none", "10"));
+        check_job_fields(&mut c, &fresh, &want, &when).await;
+        let stats = c.stats_job(&fresh).await;
+        assert!(!stats.keys().contains(&"buried-because"), "{when}");
+        let mut want = vec![("state", "ready")];
+        want.extend(options("0", "7", "exp:90s", "1h", "0"));
+        check_job_fields(&mut c, &capped, &want, &when).await;
+        let mut want = vec![("state", "buried"), ("timeouts", "1"), ("buries", "1")];
+        want.extend(options("1", "1", "none", "none", "0"));
+        want.push(("buried-because", "tries"));
+        check_job_fields(&mut c, &dead, &want, &when).await;
+        let mut want = vec![("state", "delayed"), ("delay", "60"), ("timeouts", "1")];
+        want.extend(options("1", "3", "1m", "none", "0"));
+        check_job_fields(&mut c, &second, &want, &when).await;
+        let left = c.stats_job(&second).await.num("time-left");
+        let gone = killed_at.elapsed().as_secs();
+        assert!(
+            (55_u64.saturating_sub(gone)..=59).contains(&left),
+            "{when}: time-left {left}, {gone} s since the kill"
+        );
+        let mut want = vec![("state", "buried"), ("pri", "9"), ("buries", "1")];
+        want.extend(options("1", "5", "10s", "none", "0"));
+        want.push(("buried-because", "bury"));
+        check_job_fields(&mut c, &buried, &want, &when).await;
+        let mut want = vec![("state", "ready"), ("reserves", "1"), ("kicks", "1")];
+        want.extend(options("0", "1", "2m", "none", "0"));
+        check_job_fields(&mut c, &kicked, &want, &when).await;
+        let now = c.yaml("tube-settings refunds").await.pairs;
+        assert_eq!(now, settings, "tube-settings {when}");
+        // A job put into the tube now takes its settings.
+        assert_eq!(c.cmd("use refunds").await, "USING refunds");
+        let later = inserted(&c.put(0, 0, 60, b"refund later").await);
+        let mut want = vec![("tube", "refunds"), ("state", "ready")];
+        want.extend(options("0", "3", "1m", "none", "0"));
+        check_job_fields(&mut c, &later, &want, &when).await;
+        ids.push(later);
+        expected = image(&mut c, &ids).await;
+        daemon.kill();
+    }
+
+    // Still a round of one try: the kicked job's reserve is its last.
+    let daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(
+        image(&mut c, &ids).await,
+        expected,
+        "after the last restart"
+    );
+    c.reserved(&format!("reserve-job {kicked}")).await;
+    assert_eq!(c.cmd(&format!("release {kicked} 0 0")).await, "BURIED");
+    let stats = c.stats_job(&kicked).await;
+    assert_eq!(
+        (stats.get("tries"), stats.get("buried-because")),
+        ("1", "tries")
+    );
+}
+
+/// A job's time to live is kept across SIGKILL and counted in wall-clock
+/// time: a job with `ttl=3s`, with the server down past those 3 s, is gone
+/// after the restart (counted at its first timer pass); a job with
+/// `ttl=1h` is back with its time to live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_that_runs_out_during_an_outage_expires_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    let put_at = Instant::now();
+    let short = put_with_options(&mut c, "0 0 60", b"short", "ttl=3s").await;
+    let long = put_with_options(&mut c, "0 0 60", b"long", "ttl=1h").await;
+    for (id, ttl) in [(&short, "3s"), (&long, "1h")] {
+        let stats = c.stats_job(id).await;
+        assert_eq!((stats.get("state"), stats.get("ttl")), ("ready", ttl));
+    }
+    daemon.kill();
+    let wait = Duration::from_millis(3_300).saturating_sub(put_at.elapsed());
+    tokio::time::sleep(wait).await;
+
+    let daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    let stats = c.wait_stat("total-jobs-expired", 1).await;
+    assert_eq!(
+        (
+            stats.num("current-jobs-ready"),
+            stats.num("total-jobs-expired")
+        ),
+        (1, 1),
+        "after the restart: {stats:?}"
+    );
+    assert_eq!(c.cmd(&format!("stats-job {short}")).await, "NOT_FOUND");
+    assert_eq!(c.cmd(&format!("peek {short}")).await, "NOT_FOUND");
+    let stats = c.stats_job(&long).await;
+    assert_eq!(
+        (stats.get("state"), stats.get("ttl")),
+        ("ready", "1h"),
+        "the long-lived job after the restart"
+    );
+    let tube = c.stats_tube("default").await;
+    assert_eq!(tube.num("total-jobs-expired"), 1, "{tube:?}");
+    let job = c.reserved("reserve-with-timeout 0").await;
+    assert_eq!((job.id, job.body), (long, b"long".to_vec()));
+}

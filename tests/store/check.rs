@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use delayq::job::{Counts, JobCounters, JobState, JobStats, NewJob, PutOutcome, TubeStats};
+use delayq::job::{
+    Counts, JobCounters, JobState, JobStats, Lifecycle, NewJob, PutOutcome, TubeStats,
+};
 use delayq::names::{JobId, Tube};
 use delayq::store::{Store, TubeRef};
 
@@ -80,6 +82,7 @@ pub fn job(tube_name: &str) -> NewJob {
         delay: Duration::ZERO,
         ttr: TTR,
         body: Bytes::from_static(b"a job"),
+        life: Default::default(),
     }
 }
 
@@ -95,6 +98,8 @@ pub trait Tweak {
     fn id(self, id: &str) -> Self;
     /// With body `body`.
     fn body(self, body: impl Into<Bytes>) -> Self;
+    /// With its own tries and backoff options `life`.
+    fn life(self, life: Lifecycle) -> Self;
 }
 
 impl Tweak for NewJob {
@@ -118,6 +123,10 @@ impl Tweak for NewJob {
     fn body(self, body: impl Into<Bytes>) -> Self {
         let body = body.into();
         NewJob { body, ..self }
+    }
+
+    fn life(self, life: Lifecycle) -> Self {
+        NewJob { life, ..self }
     }
 }
 
@@ -151,7 +160,7 @@ impl<S: Store> Env<S> {
     /// whether `conn` held it.
     pub async fn release(&self, conn: u64, id: &JobId, pri: u32) -> bool {
         let got = self.broker.release(conn, id, pri, Duration::ZERO).await;
-        got.expect("release")
+        got.expect("release").is_some()
     }
 
     /// Counts a use or watch of a tube, as a connection's `use` or `watch`.

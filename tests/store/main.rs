@@ -38,11 +38,13 @@ engines!($ memory, durable, redis, cluster);
 
 mod connections;
 mod delete;
+mod expiry;
 mod kick;
 mod pause;
 mod peek;
 mod put;
 mod release;
 mod reserve;
+mod retries;
 mod timer;
 mod tubes;

@@ -131,7 +131,12 @@ async fn urgent_means_ready_with_priority_below_1024(env: Env<impl Store>) {
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&ids[0]));
     env.check_tube("a", tally(1, 3, 1), 4, 0).await;
     // Back with a priority that is not urgent, then one that is.
-    let release = |id, pri| env.broker.release(1, id, pri, ZERO);
+    let release = async |id, pri| {
+        env.broker
+            .release(1, id, pri, ZERO)
+            .await
+            .map(|r| r.is_some())
+    };
     assert!(release(&ids[0], 1024).await.unwrap());
     env.check_tube("a", tally(1, 4, 0), 4, 0).await;
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&ids[1]));

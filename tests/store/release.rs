@@ -60,7 +60,8 @@ async fn release_with_a_delay_delays_the_job(env: Env<impl Store>) {
     let id = env.put(job("a")).await;
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&id));
     let delay = Duration::from_secs(5);
-    assert!(env.broker.release(1, &id, 7, delay).await.unwrap());
+    let released = env.broker.release(1, &id, 7, delay).await.unwrap();
+    assert_eq!(released.map(|r| (r.buried, r.delay)), Some((false, delay)));
     let released = JobCounters {
         reserves: 1,
         releases: 1,

@@ -26,8 +26,10 @@
 //!
 //! A length of zero is the end of the data (a preallocated file is zeros).
 
-use super::super::memory::journal::{JobImage, Meta, Record, Stored};
-use crate::job::JobCounters;
+use std::time::Duration;
+
+use super::super::memory::journal::{JobImage, Meta, Record, Round, Stored};
+use crate::job::{Backoff, JobCounters, Lifecycle};
 
 /// Bytes before a record's kind.
 pub const FRAME_HEAD: usize = 20;
@@ -43,12 +45,26 @@ const PAUSE: u8 = 4;
 const SEQUENCES: u8 = 5;
 /// The last record of a snapshot, with how many came before it.
 const END: u8 = 6;
+/// A job with options or tries: a `JOB`, then its round and its options.
+const JOB_LIFE: u8 = 7;
+/// A `META`, then the job's round.
+const META_LIFE: u8 = 8;
+/// A tube's settings: its name and the options.
+const SETTINGS: u8 = 9;
+/// A gone job's client id, taken until a time.
+const TAKEN: u8 = 10;
+
+/// The most bytes a round takes: its start and the dead flag.
+const ROUND_MAX: usize = 5 + 1;
 
 /// The most bytes a [`Meta`] takes: key, pri, delay, state (kind and
 /// value), five counters.
 const META_MAX: usize = MAX_VARINT + 5 + MAX_VARINT + 1 + MAX_VARINT + 5 * 5;
 
 /// What a frame holds: one of the engine's records, or a snapshot's end.
+// Items are read one at a time and handed on at once: boxing the record
+// would cost recovery an allocation per record to save a few stack bytes.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Item<'a> {
     /// A record.
@@ -111,12 +127,54 @@ pub fn encoded_len(record: &Record<'_>) -> usize {
                     + job.name.map_or(0, str::len)
                     + varint_len(job.body.len() as u64)
                     + job.body.len()
+                    + if has_life(job) {
+                        round_len(&job.meta.round) + options_len(&job.options)
+                    } else {
+                        0
+                    }
             }
-            Record::Meta(meta) => meta_len(meta),
+            Record::Meta(meta) => {
+                meta_len(meta)
+                    + if meta.round == Round::default() {
+                        0
+                    } else {
+                        round_len(&meta.round)
+                    }
+            }
             Record::Delete(key) => varint_len(*key),
             Record::Pause { tube, .. } => 1 + tube.len() + 16,
+            Record::Settings { tube, options } => 1 + tube.len() + options_len(options),
+            Record::Taken { name, .. } => 1 + name.len() + 8,
             Record::Sequences { .. } => 16,
         }
+}
+
+/// Whether a job's record carries its round and options (`JOB_LIFE`):
+/// only one with options can have a round that is not the first.
+fn has_life(job: &JobImage<'_>) -> bool {
+    !job.options.is_empty() || job.meta.round != Round::default()
+}
+
+fn round_len(r: &Round) -> usize {
+    varint_len(r.start.into()) + 1
+}
+
+fn options_len(o: &Lifecycle) -> usize {
+    1 + o.tries.map_or(0, |n| varint_len(n.into()))
+        + o.backoff.map_or(0, |b| 1 + varint_len(backoff_ms(b).1))
+        + o.backoff_max
+            .map_or(0, |d| varint_len(d.as_millis() as u64))
+        + o.jitter.map_or(0, |_| 1)
+        + o.ttl.map_or(0, |d| varint_len(d.as_millis() as u64))
+        + o.unique.map_or(0, |d| varint_len(d.as_millis() as u64))
+        + o.rate.map_or(0, |n| varint_len(n.into()))
+}
+
+fn backoff_ms(b: Backoff) -> (u8, u64) {
+    match b {
+        Backoff::Fixed(d) => (0, d.as_millis() as u64),
+        Backoff::Exponential(d) => (1, d.as_millis() as u64),
+    }
 }
 
 /// What a live job counts for in the log's accounting of live bytes: its
@@ -124,7 +182,12 @@ pub fn encoded_len(record: &Record<'_>) -> usize {
 /// added when the job is put and taken away when it goes are the same,
 /// however its priority, state and counters changed in between.
 pub fn weight(job: &JobImage<'_>) -> usize {
-    encoded_len(&Record::Job(*job)) - meta_len(&job.meta) + META_MAX
+    let round = if has_life(job) {
+        ROUND_MAX - round_len(&job.meta.round)
+    } else {
+        0
+    };
+    encoded_len(&Record::Job(*job)) - meta_len(&job.meta) + META_MAX + round
 }
 
 fn meta_len(m: &Meta) -> usize {
@@ -167,7 +230,8 @@ pub fn encode(out: &mut Vec<u8>, seq: u64, stamp: u64, record: &Record<'_>) {
     out.extend_from_slice(&gap.to_le_bytes());
     match record {
         Record::Job(job) => {
-            out.push(JOB);
+            let life = has_life(job);
+            out.push(if life { JOB_LIFE } else { JOB });
             put_meta(out, &job.meta);
             put_varint(out, job.ttr);
             out.extend_from_slice(&job.created.to_le_bytes());
@@ -175,10 +239,28 @@ pub fn encode(out: &mut Vec<u8>, seq: u64, stamp: u64, record: &Record<'_>) {
             put_short(out, job.name.unwrap_or("").as_bytes());
             put_varint(out, job.body.len() as u64);
             out.extend_from_slice(job.body);
+            if life {
+                put_round(out, &job.meta.round);
+                put_options(out, &job.options);
+            }
         }
         Record::Meta(meta) => {
-            out.push(META);
+            let life = meta.round != Round::default();
+            out.push(if life { META_LIFE } else { META });
             put_meta(out, meta);
+            if life {
+                put_round(out, &meta.round);
+            }
+        }
+        Record::Settings { tube, options } => {
+            out.push(SETTINGS);
+            put_short(out, tube.as_bytes());
+            put_options(out, options);
+        }
+        Record::Taken { name, until } => {
+            out.push(TAKEN);
+            put_short(out, name.as_bytes());
+            out.extend_from_slice(&until.to_le_bytes());
         }
         Record::Delete(key) => {
             out.push(DELETE);
@@ -248,6 +330,45 @@ fn put_meta(out: &mut Vec<u8>, m: &Meta) {
     }
 }
 
+fn put_round(out: &mut Vec<u8>, r: &Round) {
+    put_varint(out, r.start.into());
+    out.push(u8::from(r.dead));
+}
+
+fn put_options(out: &mut Vec<u8>, o: &Lifecycle) {
+    let flags = u8::from(o.tries.is_some())
+        | u8::from(o.backoff.is_some()) << 1
+        | u8::from(o.backoff_max.is_some()) << 2
+        | u8::from(o.jitter.is_some()) << 3
+        | u8::from(o.ttl.is_some()) << 4
+        | u8::from(o.unique.is_some()) << 5
+        | u8::from(o.rate.is_some()) << 6;
+    out.push(flags);
+    if let Some(n) = o.tries {
+        put_varint(out, n.into());
+    }
+    if let Some(b) = o.backoff {
+        let (kind, ms) = backoff_ms(b);
+        out.push(kind);
+        put_varint(out, ms);
+    }
+    if let Some(d) = o.backoff_max {
+        put_varint(out, d.as_millis() as u64);
+    }
+    if let Some(j) = o.jitter {
+        out.push(j);
+    }
+    if let Some(d) = o.ttl {
+        put_varint(out, d.as_millis() as u64);
+    }
+    if let Some(d) = o.unique {
+        put_varint(out, d.as_millis() as u64);
+    }
+    if let Some(n) = o.rate {
+        put_varint(out, n.into());
+    }
+}
+
 /// Reads the frame at the start of `bytes`, written in format `version`
 /// (1: every number fixed-size, the stamp whole; 2: as this module says).
 pub fn decode(bytes: &[u8], version: u32) -> Result<Frame<'_>, Bad> {
@@ -277,13 +398,18 @@ pub fn decode(bytes: &[u8], version: u32) -> Result<Frame<'_>, Bad> {
         seq.saturating_sub(r.u32()?.into())
     };
     let item = match r.u8()? {
-        JOB => {
-            let meta = r.meta()?;
+        kind @ (JOB | JOB_LIFE) => {
+            let mut meta = r.meta()?;
             let (ttr, created) = (r.number()?, r.u64()?);
             let tube = r.text()?;
             let name = r.text()?;
             let body_len = usize::try_from(r.number32()?).map_err(|_| Bad::Malformed)?;
             let body = r.take(body_len)?;
+            let mut options = Lifecycle::default();
+            if kind == JOB_LIFE {
+                meta.round = r.round()?;
+                options = r.options()?;
+            }
             Item::Record(Record::Job(JobImage {
                 meta,
                 name: (!name.is_empty()).then_some(name),
@@ -291,9 +417,23 @@ pub fn decode(bytes: &[u8], version: u32) -> Result<Frame<'_>, Bad> {
                 ttr,
                 created,
                 body,
+                options,
             }))
         }
         META => Item::Record(Record::Meta(r.meta()?)),
+        META_LIFE => {
+            let mut meta = r.meta()?;
+            meta.round = r.round()?;
+            Item::Record(Record::Meta(meta))
+        }
+        SETTINGS => Item::Record(Record::Settings {
+            tube: r.text()?,
+            options: r.options()?,
+        }),
+        TAKEN => Item::Record(Record::Taken {
+            name: r.text()?,
+            until: r.u64()?,
+        }),
         DELETE => Item::Record(Record::Delete(r.number()?)),
         PAUSE => Item::Record(Record::Pause {
             tube: r.text()?,
@@ -409,7 +549,53 @@ impl<'a> Reader<'a> {
             delay,
             state,
             counters,
+            round: Round::default(),
         })
+    }
+
+    fn round(&mut self) -> Result<Round, Bad> {
+        let start = u32::try_from(self.varint()?).map_err(|_| Bad::Malformed)?;
+        let dead = match self.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(Bad::Malformed),
+        };
+        Ok(Round { start, dead })
+    }
+
+    fn options(&mut self) -> Result<Lifecycle, Bad> {
+        let flags = self.u8()?;
+        if flags >> 7 != 0 {
+            return Err(Bad::Malformed);
+        }
+        let ms = |r: &mut Self| r.varint().map(Duration::from_millis);
+        let mut o = Lifecycle::default();
+        if flags & 1 != 0 {
+            o.tries = Some(u32::try_from(self.varint()?).map_err(|_| Bad::Malformed)?);
+        }
+        if flags & 2 != 0 {
+            o.backoff = Some(match self.u8()? {
+                0 => Backoff::Fixed(ms(self)?),
+                1 => Backoff::Exponential(ms(self)?),
+                _ => return Err(Bad::Malformed),
+            });
+        }
+        if flags & 4 != 0 {
+            o.backoff_max = Some(ms(self)?);
+        }
+        if flags & 8 != 0 {
+            o.jitter = Some(self.u8()?);
+        }
+        if flags & 16 != 0 {
+            o.ttl = Some(ms(self)?);
+        }
+        if flags & 32 != 0 {
+            o.unique = Some(ms(self)?);
+        }
+        if flags & 64 != 0 {
+            o.rate = Some(u32::try_from(self.varint()?).map_err(|_| Bad::Malformed)?);
+        }
+        Ok(o)
     }
 }
 
@@ -432,13 +618,38 @@ mod tests {
                     buries: 4,
                     kicks: 5,
                 },
+                round: Round::default(),
             },
             name,
             tube: "orders",
             ttr: 60_000_000,
             created: 1_699_999_999_000_000,
             body,
+            options: Lifecycle::default(),
         })
+    }
+
+    fn options() -> Lifecycle {
+        Lifecycle {
+            tries: Some(5),
+            backoff: Some(Backoff::Exponential(Duration::from_secs(10))),
+            backoff_max: Some(Duration::from_millis(600_001)),
+            jitter: Some(20),
+            ttl: Some(Duration::from_secs(86_400)),
+            unique: Some(Duration::from_secs(3_600)),
+        }
+    }
+
+    fn job_with_life<'a>(body: &'a [u8]) -> Record<'a> {
+        let Record::Job(mut image) = job(Some("refund:88"), body) else {
+            unreachable!()
+        };
+        image.options = options();
+        image.meta.round = Round {
+            start: 3,
+            dead: true,
+        };
+        Record::Job(image)
     }
 
     #[test]
@@ -452,8 +663,37 @@ mod tests {
                 delay: 0,
                 state: Stored::Buried(12),
                 counters: JobCounters::default(),
+                round: Round::default(),
             }),
             Record::Delete(u64::MAX),
+            job_with_life(b"refund"),
+            Record::Meta(Meta {
+                key: 9,
+                pri: 0,
+                delay: 0,
+                state: Stored::Buried(12),
+                counters: JobCounters::default(),
+                round: Round {
+                    start: 70_000,
+                    dead: true,
+                },
+            }),
+            Record::Settings {
+                tube: "refunds",
+                options: options(),
+            },
+            Record::Taken {
+                name: "order-close:4711",
+                until: 1_700_000_000_000_000,
+            },
+            Record::Settings {
+                tube: "refunds",
+                options: Lifecycle {
+                    jitter: Some(0),
+                    rate: Some(50),
+                    ..Lifecycle::default()
+                },
+            },
             Record::Pause {
                 tube: "default",
                 length: 3,
@@ -575,6 +815,7 @@ mod tests {
                 delay: 0,
                 state: Stored::Buried(12),
                 counters: JobCounters::default(),
+                round: Round::default(),
             }),
             Record::Meta(Meta {
                 key: 9,
@@ -582,6 +823,7 @@ mod tests {
                 delay: 0,
                 state: Stored::Ready,
                 counters: JobCounters::default(),
+                round: Round::default(),
             }),
             Record::Delete(u64::MAX),
         ];
@@ -645,5 +887,15 @@ mod tests {
         b.meta.pri = u32::MAX;
         assert_eq!(weight(&a), weight(&b));
         assert!(weight(&a) >= encoded_len(&Record::Job(a)));
+        let Record::Job(c) = job_with_life(b"x") else {
+            unreachable!()
+        };
+        let mut d = c;
+        d.meta.round = Round {
+            start: u32::MAX,
+            dead: false,
+        };
+        assert_eq!(weight(&c), weight(&d));
+        assert!(weight(&d) >= encoded_len(&Record::Job(d)));
     }
 }

@@ -10,11 +10,12 @@
 -- other clients. On a shard of a cluster the first ready jobs of the
 -- tubes the call changed follow (see `heads` in the prelude).
 local ARITY = {
-  put = 6, reserve = 2, reserve_job = 2, give_back = 2, delete = 3, release = 4,
+  put = 7, reserve = 2, reserve_job = 2, give_back = 2, delete = 3, release = 4,
   bury = 3, touch = 2, kick = 3, kick_job = 1, pause_tube = 3, release_all = 2,
   tick = 2, tube_ref = 4, peek = 2, stats_job = 1, stats_tube = 1, stats = 0,
   list_tubes = 0, inventory = 0, live = 0, pauses = 0, firsts = 3, ids = 1,
-  forget_births = 1, forget_counts = 1,
+  forget_births = 1, forget_counts = 1, set_tube = 2, tube_settings = 1,
+  reserve_many = 3, delete_many = 3,
 }
 
 -- How long a sharded call's reply is kept under its token, in ms: longer

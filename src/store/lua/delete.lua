@@ -7,10 +7,7 @@ OPS.delete = function(owner, id, mode)
   if key == nil then return 0 end
   if mode == 'finish' and not is_held(job, owner) then return 0 end
   if job[STATE] == 'reserved' and job[OWNER] ~= owner then return 0 end
-  unlink(key, job)
-  redis.call('HDEL', P .. 'jobs', key)
-  if job[NAME] ~= '' then redis.call('HDEL', P .. 'names', job[NAME]) end
+  drop(key, job)
   count(tube_key('tube', job[TUBE]), 'cmd-delete', 1)
-  maybe_unused(job[TUBE])
   return 1
 end

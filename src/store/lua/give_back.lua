@@ -5,6 +5,7 @@
 OPS.give_back = function(owner, id)
   local key, job = key_of(id)
   if key == nil or not is_held(job, owner) then return false end
+  if gone_if_expired(key, job) then return job[TUBE] end
   unlink(key, job)
   job[RESERVES] = math.max(job[RESERVES] - 1, 0)
   job[OWNER] = ''

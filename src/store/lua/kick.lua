@@ -17,6 +17,7 @@ OPS.kick = function(tube, bound, kind)
   end
   for _, key in ipairs(keys) do
     local job = load(key)
+    new_round(job)
     unlink(key, job)
     job[KICKS] = job[KICKS] + 1
     link(key, job, 'ready', 0)

@@ -4,6 +4,7 @@
 OPS.kick_job = function(id)
   local key, job = key_of(id)
   if key == nil or (job[STATE] ~= 'buried' and job[STATE] ~= 'delayed') then return false end
+  new_round(job)
   unlink(key, job)
   job[KICKS] = job[KICKS] + 1
   link(key, job, 'ready', 0)

@@ -56,7 +56,15 @@ local OPS = {}
 -- Job fields (indexes into the cmsgpack array).
 local STATE, PRI, DELAY, TTR, CREATED, AT, OWNER, TUBE, NAME = 1, 2, 3, 4, 5, 6, 7, 8, 9
 local RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS, BODY = 10, 11, 12, 13, 14, 15
--- URGENT, the rules' constants, is defined ahead of this file from delayq's
+-- A job put with options (or into a tube with settings) has three more:
+-- its options, its reserves when its round of tries began, and 1 if it is
+-- buried for having used up its tries (else 0). Other jobs end at BODY, as
+-- jobs written before options existed do.
+local OPTIONS, ROUND, DEAD = 16, 17, 18
+-- And one with a time to live that ran out while a worker held it gets a
+-- fourth, 1: it goes when the worker lets go of it.
+local EXPIRED = 19
+-- URGENT and MAX_OPTION_MS, the rules' constants, are defined ahead of this file from delayq's
 -- own `src/rules.rs` (see `library.rs`), so it is written down once.
 
 -- What follows is the state of one call. A call runs atomically, so every
@@ -457,6 +465,175 @@ local function reserve_key(key, job, owner, popped)
   return out
 end
 
+-- Options, as delayq writes them: 'tries|kind|base|max|jitter|ttl|unique|
+-- rate', each field empty when unset (kind 'f' fixed or 'e' exponential
+-- backoff, times in ms); '' when none is set.
+local function split_options(s)
+  return { string.match(s, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$') }
+end
+
+-- A tube's settings (read once per call).
+local settings = {}
+local function settings_of(tube)
+  local s = settings[tube]
+  if s == nil then
+    s = redis.call('HGET', P .. 'settings', tube) or ''
+    settings[tube] = s
+  end
+  return s
+end
+
+-- A put's options, each unset one taken from the tube's settings.
+local function with_settings(options, tube)
+  local s = settings_of(tube)
+  if s == '' then return options end
+  if options == '' then return s end
+  local own, fallback = split_options(options), split_options(s)
+  -- Not the tube's rate: a job has none of its own.
+  for i = 1, 7 do
+    if own[i] == '' then own[i] = fallback[i] end
+  end
+  own[8] = ''
+  return table.concat(own, '|')
+end
+
+-- A tube's rate limit, in reserves a second, if it has one.
+local function rate_of(tube)
+  local s = settings_of(tube)
+  if s == '' then return nil end
+  return tonumber(split_options(s)[8])
+end
+
+local function rate_key(tube, second) return tube_key('rate', tube) .. ':' .. second end
+
+-- Whether `tube` has had all the reserves its rate allows this second; if
+-- so, the timer serves its waiting workers when the next one begins.
+local function rate_used_up(tube)
+  local rate = rate_of(tube)
+  if rate == nil then return false end
+  local second = math.floor(now_ms() / 1000)
+  if tonumber(redis.call('GET', rate_key(tube, second)) or 0) < rate then return false end
+  local at = (second + 1) * 1000
+  redis.call('ZADD', P .. 'limited', at, tube)
+  if SHARDED then wake_by(at) end
+  return true
+end
+
+-- Counts a reserve from `tube`, for its rate.
+local function count_reserve(tube)
+  if rate_of(tube) == nil then return end
+  local key = rate_key(tube, math.floor(now_ms() / 1000))
+  redis.call('INCR', key)
+  redis.call('PEXPIRE', key, 2000)
+end
+
+-- Reserves in the job's round.
+local function tries_of(job) return job[RESERVES] - (job[ROUND] or 0) end
+
+-- Whether the job has used up the tries its options allow.
+local function out_of_tries(job)
+  if not job[OPTIONS] then return false end
+  local tries = tonumber(split_options(job[OPTIONS])[1])
+  return tries ~= nil and tries_of(job) >= tries
+end
+
+-- The wait in ms before a job that came back is ready again: as
+-- `backoff_wait` in src/rules.rs computes it, to the millisecond (every
+-- number stays an integer below 2^53, which a Lua number holds exactly).
+local function backoff_of(key, job)
+  if not job[OPTIONS] then return 0 end
+  local o = split_options(job[OPTIONS])
+  local base = tonumber(o[3])
+  if base == nil then return 0 end
+  local n = tries_of(job)
+  local ms = base
+  if o[2] == 'e' then ms = base * 2 ^ math.min(math.max(n - 1, 0), 40) end
+  ms = math.min(ms, tonumber(o[4]) or MAX_OPTION_MS)
+  local jitter = tonumber(o[5]) or 0
+  local per_mille = ((tonumber(key, 16) % 1000003) * 7919 + n * 104729) % 1000
+  return ms - math.floor(ms * jitter * per_mille / 100000)
+end
+
+-- Buries a job that used up its tries (a dead letter).
+local function bury_dead(key, job)
+  job[BURIES], job[DEAD] = job[BURIES] + 1, 1
+  link(key, job, 'buried', next_in_order('bury-seq'))
+end
+
+-- A job whose TTR ran out or that was released with no delay of its own:
+-- buried if it used up its tries, else delayed by its backoff, else ready.
+-- Returns the wait, -1 if buried.
+local function come_back(key, job)
+  if out_of_tries(job) then
+    bury_dead(key, job)
+    return -1
+  end
+  local wait = backoff_of(key, job)
+  if wait > 0 then
+    job[DELAY] = wait
+    link(key, job, 'delayed', from_now(wait))
+  else
+    link(key, job, 'ready', 0)
+  end
+  return wait
+end
+
+-- Removes a job for good: out of its state's index, the pool, the names
+-- and the expiries.
+local function drop(key, job)
+  unlink(key, job)
+  redis.call('HDEL', P .. 'jobs', key)
+  if job[NAME] ~= '' then redis.call('HDEL', P .. 'names', job[NAME]) end
+  if job[OPTIONS] then
+    redis.call('ZREM', P .. 'expiries', key)
+    local window = tonumber(split_options(job[OPTIONS])[7])
+    if window ~= nil and job[NAME] ~= '' then
+      -- Its unique window: the client id stays taken until it ends.
+      redis.call('ZADD', P .. 'taken', from_now(window), job[NAME])
+    end
+  end
+  maybe_unused(job[TUBE])
+end
+
+-- Whether a client id is taken: by a job, or by a gone job's unique window.
+local function name_taken(name)
+  if redis.call('HEXISTS', P .. 'names', name) == 1 then return true end
+  local ends = redis.call('ZSCORE', P .. 'taken', name)
+  return ends ~= false and tonumber(ends) > now_ms()
+end
+
+-- Removes a job whose time to live ran out, and counts it.
+local function expire(key, job)
+  drop(key, job)
+  count(tube_key('tube', job[TUBE]), 'expired', 1)
+  count(P .. 'totals', 'expired', 1)
+end
+
+-- Whether a job a worker lets go of had its time to live run out while
+-- it was held; if so it is removed.
+local function gone_if_expired(key, job)
+  if job[EXPIRED] ~= 1 then return false end
+  expire(key, job)
+  return true
+end
+
+-- Notes when a job put now expires, if it has a time to live.
+local function expires(key, job)
+  if not job[OPTIONS] then return end
+  local ttl = tonumber(split_options(job[OPTIONS])[6])
+  if ttl == nil then return end
+  local at = job[CREATED] + ttl
+  redis.call('ZADD', P .. 'expiries', at, key)
+  if SHARDED then wake_by(at) elseif others() then tell('due:' .. ttl) end
+end
+
+-- A job kicked out of buried starts a fresh round of tries.
+local function new_round(job)
+  if job[STATE] == 'buried' and job[OPTIONS] then
+    job[ROUND], job[DEAD] = job[RESERVES], 0
+  end
+end
+
 local function is_held(job, owner) return job[STATE] == 'reserved' and job[OWNER] == owner end
 
 -- Starts a call: a library's locals outlive calls, so every piece of
@@ -465,4 +642,5 @@ local function begin(prefix, puts, sharded, control)
   P, PUTS, SHARDED, CONTROL = prefix, puts or 0, sharded, control
   clock, clock_up, clock_us, pending, seq_next, seq_last, shared = nil, nil, nil, {}, nil, nil, nil
   announced, known, pause_until, beat, unused, touched = {}, {}, {}, false, {}, {}
+  settings = {}
 end

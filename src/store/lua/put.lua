@@ -1,8 +1,9 @@
 -- put: insert a job, ready or delayed.
--- Args: tube, client id ('' for a server id), pri, delay ms, ttr ms, body
+-- Args: tube, client id ('' for a server id), pri, delay ms, ttr ms, body,
+-- options ('' for none; the tube's settings fill in those unset)
 -- Returns the job's id (its server id as a number, or its client id), or 0
 -- when the client id exists already.
-OPS.put = function(tube, name, pri, delay, ttr, body)
+OPS.put = function(tube, name, pri, delay, ttr, body, options)
   -- On a cluster the caller chooses the key, from the cluster-wide
   -- sequence, so keys across shards follow the order of the puts: `name`
   -- is '#'..key for a server id, or key..'#'..client id (no client id has
@@ -19,7 +20,7 @@ OPS.put = function(tube, name, pri, delay, ttr, body)
       return redis.error_reply('delayq: job key ' .. key .. ' is taken (the key sequence went back)')
     end
   end
-  if name ~= '' and redis.call('HEXISTS', P .. 'names', name) == 1 then return 0 end
+  if name ~= '' and name_taken(name) then return 0 end
   pri, delay, ttr = tonumber(pri), tonumber(delay), tonumber(ttr)
   local now = now_ms()
   key = key or next_key()
@@ -28,6 +29,11 @@ OPS.put = function(tube, name, pri, delay, ttr, body)
   count(P .. 'totals', 'jobs', 1)
   if name ~= '' then redis.call('HSET', P .. 'names', name, key) end
   local job = { '', pri, delay, ttr, now, 0, '', tube, name, 0, 0, 0, 0, 0, body }
+  options = with_settings(options, tube)
+  if options ~= '' then
+    job[OPTIONS], job[ROUND], job[DEAD] = options, 0, 0
+    expires(key, job)
+  end
   if delay > 0 then
     link(key, job, 'delayed', from_now(delay))
   else

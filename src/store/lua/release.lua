@@ -1,17 +1,24 @@
--- release: put a job this connection holds back, ready or delayed.
+-- release: put a job this connection holds back, ready or delayed (by the
+-- delay given, or if none by its backoff), or buried if it used up its
+-- tries; removed if its time to live ran out while it was held.
 -- Args: owner, id, pri, delay ms
--- Returns the job's tube, or false if not held.
+-- Returns {tube, delay ms (-1: buried)}, or false if not held.
 OPS.release = function(owner, id, pri, delay)
   local key, job = key_of(id)
   if key == nil or not is_held(job, owner) then return false end
+  if gone_if_expired(key, job) then return { job[TUBE], 0 } end
   delay = tonumber(delay)
   unlink(key, job)
-  job[PRI], job[DELAY], job[OWNER] = tonumber(pri), delay, ''
-  job[RELEASES] = job[RELEASES] + 1
-  if delay > 0 then
+  job[PRI], job[OWNER] = tonumber(pri), ''
+  if delay > 0 and not out_of_tries(job) then
+    job[DELAY], job[RELEASES] = delay, job[RELEASES] + 1
     link(key, job, 'delayed', from_now(delay))
-  else
-    link(key, job, 'ready', 0)
+    return { job[TUBE], delay }
   end
-  return job[TUBE]
+  if out_of_tries(job) then
+    bury_dead(key, job)
+    return { job[TUBE], -1 }
+  end
+  job[DELAY], job[RELEASES] = 0, job[RELEASES] + 1
+  return { job[TUBE], come_back(key, job) }
 end

@@ -7,7 +7,7 @@ OPS.release_all = function(owner, ids)
   local tubes = {}
   for id in string.gmatch(ids, '[^ ]+') do
     local key, job = key_of(id)
-    if key ~= nil and is_held(job, owner) then
+    if key ~= nil and is_held(job, owner) and not gone_if_expired(key, job) then
       unlink(key, job)
       job[OWNER] = ''
       link(key, job, 'ready', 0)

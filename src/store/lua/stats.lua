@@ -1,6 +1,7 @@
 -- stats: job figures over all tubes.
 -- Args: none
--- Returns {urgent, ready, reserved, delayed, buried, timeouts, total jobs, tubes}.
+-- Returns {urgent, ready, reserved, delayed, buried, timeouts, total jobs,
+-- tubes, expired}.
 OPS.stats = function()
   local urgent, ready, delayed, buried = 0, 0, 0, 0
   local tubes = redis.call('ZRANGE', P .. 'tubes', 0, -1)
@@ -11,7 +12,7 @@ OPS.stats = function()
     delayed = delayed + tonumber(c[2] or 0)
     buried = buried + redis.call('ZCARD', tube_key('buried', tube))
   end
-  local totals = redis.call('HMGET', P .. 'totals', 'timeouts', 'jobs')
+  local totals = redis.call('HMGET', P .. 'totals', 'timeouts', 'jobs', 'expired')
   return { urgent, ready, redis.call('ZCARD', P .. 'reserved'), delayed, buried,
-    tonumber(totals[1] or 0), tonumber(totals[2] or 0), #tubes }
+    tonumber(totals[1] or 0), tonumber(totals[2] or 0), #tubes, tonumber(totals[3] or 0) }
 end

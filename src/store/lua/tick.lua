@@ -1,6 +1,7 @@
 -- tick: move what has fallen due, at most `batch` jobs per call.
 -- Delayed jobs become ready; reserved jobs past their deadline come back
--- (a timeout); paused tubes whose pause ended resume. It also renews this
+-- (a timeout: ready, delayed by their backoff, or buried if they used up
+-- their tries); paused tubes whose pause ended resume. It also renews this
 -- process's alive mark and forgets the processes whose mark expired: their
 -- tube users stop counting, and tubes left with no users or jobs go away.
 -- Args: batch, process
@@ -89,13 +90,44 @@ OPS.tick = function(batch, process)
   local expired = redis.call('ZRANGEBYSCORE', P .. 'reserved', '-inf', now, 'LIMIT', 0, budget)
   for _, key in ipairs(expired) do
     local job = load(key)
-    unlink(key, job)
-    job[TIMEOUTS], job[OWNER] = job[TIMEOUTS] + 1, ''
-    link(key, job, 'ready', 0)
+    job[TIMEOUTS] = job[TIMEOUTS] + 1
+    if not gone_if_expired(key, job) then
+      unlink(key, job)
+      job[OWNER] = ''
+      come_back(key, job)
+    end
   end
   if #expired > 0 then count(P .. 'totals', 'timeouts', #expired) end
   budget = budget - #expired
   if budget <= 0 then return ticked(0) end
+
+  -- Jobs whose time to live ran out: removed, unless a worker holds one,
+  -- which then goes when it is let go of.
+  local ended = redis.call('ZRANGEBYSCORE', P .. 'expiries', '-inf', now, 'LIMIT', 0, budget)
+  for _, key in ipairs(ended) do
+    redis.call('ZREM', P .. 'expiries', key)
+    local job = load(key)
+    if job ~= nil and job[STATE] == 'reserved' then
+      job[EXPIRED] = 1
+      save(key, job)
+    elseif job ~= nil then
+      expire(key, job)
+    end
+  end
+  budget = budget - #ended
+  if budget <= 0 then return ticked(0) end
+
+  -- Client ids whose unique window ended are free again (a put checks the
+  -- window's end itself, so this only keeps the set small).
+  local freed = redis.call('ZRANGEBYSCORE', P .. 'taken', '-inf', now, 'LIMIT', 0, budget)
+  if #freed > 0 then redis.call('ZREM', P .. 'taken', unpack(freed)) end
+
+  -- Tubes whose rate held reserves back: a new second has begun.
+  for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'limited', '-inf', now)) do
+    redis.call('ZREM', P .. 'limited', tube)
+    touched[tube] = true
+    announce(tube)
+  end
 
   for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'pauses', '-inf', now)) do
     redis.call('ZREM', P .. 'pauses', tube)
@@ -105,7 +137,7 @@ OPS.tick = function(batch, process)
   end
 
   local next_at = -1
-  for _, index in ipairs({ 'due', 'reserved', 'pauses' }) do
+  for _, index in ipairs({ 'due', 'reserved', 'pauses', 'expiries', 'limited' }) do
     local first = redis.call('ZRANGE', P .. index, 0, 0, 'WITHSCORES')
     if first[2] then
       local at = tonumber(first[2])

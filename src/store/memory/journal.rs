@@ -13,7 +13,7 @@ use std::future::Future;
 
 use crate::clock::Micros;
 use crate::error::StoreResult;
-use crate::job::{JobCounters, LogStats};
+use crate::job::{JobCounters, Lifecycle, LogStats};
 
 /// A job's state as it is kept: reserved jobs are kept as such only for
 /// their counters; after a restart they are ready (their holders are gone).
@@ -44,6 +44,18 @@ pub struct Meta {
     pub state: Stored,
     /// Its counters.
     pub counters: JobCounters,
+    /// Where it is in its tries (all zero for a job without options).
+    pub round: Round,
+}
+
+/// Where a job is in its tries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Its reserves when this round began (its put, or its last kick out
+    /// of buried): its tries are its reserves since.
+    pub start: u32,
+    /// Whether it is buried for having used up its tries.
+    pub dead: bool,
 }
 
 /// A whole job.
@@ -61,6 +73,8 @@ pub struct JobImage<'a> {
     pub created: Micros,
     /// Its body.
     pub body: &'a [u8],
+    /// Its options, as fixed at its put.
+    pub options: Lifecycle,
 }
 
 /// One change, as the log keeps it.
@@ -82,6 +96,21 @@ pub enum Record<'a> {
         length: Micros,
         /// When it ends (wall clock).
         until: Micros,
+    },
+    /// A gone job's client id stays taken until `until` (wall clock), its
+    /// unique window.
+    Taken {
+        /// The client id.
+        name: &'a str,
+        /// Until when.
+        until: Micros,
+    },
+    /// A tube's settings, as they are now (none set: cleared).
+    Settings {
+        /// The tube.
+        tube: &'a str,
+        /// Its settings.
+        options: Lifecycle,
     },
     /// Sequences the jobs alone do not show once deleted jobs are forgotten:
     /// the next server id and burial number (a snapshot ends with it).

@@ -27,7 +27,9 @@ pub use state::State;
 
 use crate::clock::{Clock, Micros};
 use crate::error::{StoreError, StoreResult};
-use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
+use crate::job::{
+    JobBody, JobStats, Lifecycle, NewJob, Put, Released, Reserved, StoreStats, TubeStats,
+};
 use crate::names::{JobId, Tube};
 use crate::store::{ConnId, Store, Tick, TubeRef};
 use journal::{Log, Volatile, Written};
@@ -120,7 +122,7 @@ impl<L: Log> MemoryStore<L> {
 use Reply::{AtOnce, WhenSafe};
 
 impl<L: Log> Store for MemoryStore<L> {
-    async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
+    async fn put(&self, job: NewJob) -> StoreResult<Put> {
         self.change(WhenSafe, |st, now, log| st.put(job.clone(), now, log))
             .await
     }
@@ -128,6 +130,25 @@ impl<L: Log> Store for MemoryStore<L> {
     async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
         self.change(AtOnce, |st, now, log| Ok(st.reserve(conn, tubes, now, log)))
             .await
+    }
+
+    async fn reserve_batch(
+        &self,
+        conn: ConnId,
+        tubes: &[Tube],
+        max: usize,
+    ) -> StoreResult<Vec<Reserved>> {
+        self.change(AtOnce, |st, now, log| {
+            Ok(st.reserve_batch(conn, tubes, max, now, log))
+        })
+        .await
+    }
+
+    async fn remove_batch(&self, conn: ConnId, ids: &[JobId], finish: bool) -> StoreResult<u64> {
+        self.change(WhenSafe, |st, now, log| {
+            Ok(st.remove_batch(conn, ids, finish, now, log))
+        })
+        .await
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
@@ -139,20 +160,20 @@ impl<L: Log> Store for MemoryStore<L> {
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
-        self.change(AtOnce, |st, _, log| {
-            st.give_back(conn, id, log);
+        self.change(AtOnce, |st, now, log| {
+            st.give_back(conn, id, now, log);
             Ok(())
         })
         .await
     }
 
     async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        self.change(WhenSafe, |st, _, log| Ok(st.delete(conn, id, log)))
+        self.change(WhenSafe, |st, now, log| Ok(st.delete(conn, id, now, log)))
             .await
     }
 
     async fn finish(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        self.change(WhenSafe, |st, _, log| Ok(st.finish(conn, id, log)))
+        self.change(WhenSafe, |st, now, log| Ok(st.finish(conn, id, now, log)))
             .await
     }
 
@@ -162,7 +183,7 @@ impl<L: Log> Store for MemoryStore<L> {
         id: &JobId,
         pri: u32,
         delay: Duration,
-    ) -> StoreResult<Option<Tube>> {
+    ) -> StoreResult<Option<Released>> {
         self.change(WhenSafe, |st, now, log| {
             st.release(conn, id, pri, delay, now, log)
         })
@@ -170,7 +191,7 @@ impl<L: Log> Store for MemoryStore<L> {
     }
 
     async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
-        self.change(WhenSafe, |st, _, log| st.bury(conn, id, pri, log))
+        self.change(WhenSafe, |st, now, log| st.bury(conn, id, pri, now, log))
             .await
     }
 
@@ -230,9 +251,20 @@ impl<L: Log> Store for MemoryStore<L> {
         .await
     }
 
-    async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
-        self.change(AtOnce, |st, _, _| Ok(st.release_all(conn, held)))
+    async fn set_tube(&self, tube: &Tube, options: Lifecycle) -> StoreResult<()> {
+        self.change(WhenSafe, |st, _, log| st.set_tube(tube, options, log))
             .await
+    }
+
+    async fn tube_settings(&self, tube: &Tube) -> StoreResult<Lifecycle> {
+        self.read(|st, _| st.tube_settings(tube))
+    }
+
+    async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
+        self.change(AtOnce, |st, now, log| {
+            Ok(st.release_all(conn, held, now, log))
+        })
+        .await
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
@@ -254,6 +286,12 @@ impl<L: Log> Store for MemoryStore<L> {
             Ok(())
         })
         .await
+    }
+
+    fn held_back(&self) -> Option<Duration> {
+        let state = self.lock();
+        let (at, _) = state.limited.first()?;
+        Some(Duration::from_micros(at.saturating_sub(self.clock.now())))
     }
 
     fn describe(&self) -> String {

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use super::journal::{JobImage, Meta, Record, Stored};
-use super::state::{Job, NO_CONN, Slot, St, State};
+use super::state::{Job, Life, NO_CONN, Slot, St, State};
 use crate::clock::Micros;
 use crate::names::Tube;
 
@@ -63,6 +63,18 @@ impl State {
                 if until > 0 {
                     self.pauses.insert((until, tube));
                 }
+            }
+            Record::Taken { name, until } => {
+                let Some(name) = crate::names::client_id(name.as_bytes()) else {
+                    return Applied::Invalid;
+                };
+                self.keep_taken(name, until);
+            }
+            Record::Settings { tube, options } => {
+                let Some(tube) = Tube::parse(tube.as_bytes()) else {
+                    return Applied::Invalid;
+                };
+                self.keep_settings(tube, options);
             }
             Record::Sequences { next_key, bury_seq } => {
                 self.next_key = self.next_key.max(next_key);
@@ -118,6 +130,7 @@ impl State {
             state,
             counters: image.meta.counters,
             body: image.body.into(),
+            life: Life::of(image.options, image.meta.round),
         });
         self.link(slot, state, NO_CONN);
         Applied::Done
@@ -138,6 +151,7 @@ impl State {
         job.pri = meta.pri;
         job.delay = meta.delay;
         job.counters = meta.counters;
+        job.set_round(meta.round);
         self.link(slot, state, NO_CONN);
     }
 
@@ -145,6 +159,13 @@ impl State {
     /// (nobody uses or watches them yet), as do pauses that ended while the
     /// server was down.
     pub fn replayed(&mut self, now: Micros) {
+        while let Some((until, _)) = self.taken_until.first() {
+            if *until > now {
+                break;
+            }
+            let (_, name) = self.taken_until.pop_first().expect("a first");
+            self.taken.remove(&name);
+        }
         while let Some(&(until, _)) = self.pauses.first() {
             if until > now {
                 break;
@@ -193,6 +214,15 @@ impl State {
                     until,
                 });
             }
+        }
+        for (name, &until) in &self.taken {
+            out(Record::Taken { name, until });
+        }
+        for (tube, &options) in &self.settings {
+            out(Record::Settings {
+                tube: tube.as_str(),
+                options,
+            });
         }
         out(Record::Sequences {
             next_key: self.next_key,

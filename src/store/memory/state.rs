@@ -22,9 +22,9 @@ use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use indexmap::IndexMap;
 use slab::Slab;
 
-use super::journal::{JobImage, Meta, Stored};
+use super::journal::{JobImage, Meta, Round, Stored};
 use crate::clock::Micros;
-use crate::job::{Counts, JobBody, JobCounters};
+use crate::job::{Counts, JobBody, JobCounters, LifeStats, Lifecycle};
 use crate::names::{JobId, Tube};
 use crate::rules::is_urgent;
 use crate::store::ConnId;
@@ -70,6 +70,33 @@ pub(super) struct Job {
     /// A boxed slice rather than `Bytes`: half the size in the record, and a
     /// backlog of a million jobs is mostly records.
     pub body: Box<[u8]>,
+    /// Its options and tries, boxed: most jobs have none, and a pointer
+    /// costs them less than the options would.
+    pub life: Option<Box<Life>>,
+}
+
+/// The options of a job put with any, and where it is in its tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Life {
+    pub options: Lifecycle,
+    pub round: Round,
+    /// Its time to live ran out while a worker held it: it goes when the
+    /// worker lets go of it. Not kept: after a restart the job is ready,
+    /// and the timer finds it expired again.
+    pub expired: bool,
+}
+
+impl Life {
+    /// A job's life for `options`, none if they are all unset.
+    pub fn of(options: Lifecycle, round: Round) -> Option<Box<Life>> {
+        (!options.is_empty() || round != Round::default()).then(|| {
+            Box::new(Life {
+                options,
+                round,
+                expired: false,
+            })
+        })
+    }
 }
 
 impl Job {
@@ -96,6 +123,48 @@ impl Job {
             delay: self.delay,
             state: self.state.stored(),
             counters: self.counters,
+            round: self.life.as_ref().map_or(Round::default(), |l| l.round),
+        }
+    }
+
+    /// Its options (all unset for most jobs).
+    pub fn options(&self) -> Lifecycle {
+        self.life
+            .as_ref()
+            .map_or(Lifecycle::default(), |l| l.options)
+    }
+
+    /// Reserves in this round.
+    pub fn tries(&self) -> u32 {
+        let start = self.life.as_ref().map_or(0, |l| l.round.start);
+        self.counters.reserves.saturating_sub(start)
+    }
+
+    /// Where it is in its tries, for `stats-job`, if it has options.
+    pub fn life_stats(&self) -> Option<LifeStats> {
+        self.life.as_ref().map(|l| LifeStats {
+            options: l.options,
+            tries: self.tries(),
+            dead: l.round.dead,
+        })
+    }
+
+    /// When its time to live runs out, if it has one.
+    pub fn expiry(&self) -> Option<Micros> {
+        let ttl = self.options().ttl?;
+        Some(self.created.saturating_add(crate::clock::micros(ttl)))
+    }
+
+    /// Whether its time to live ran out while a worker held it.
+    pub fn expired(&self) -> bool {
+        self.life.as_ref().is_some_and(|l| l.expired)
+    }
+
+    /// Sets where it is in its tries.
+    pub fn set_round(&mut self, round: Round) {
+        match &mut self.life {
+            Some(life) => life.round = round,
+            None => self.life = Life::of(Lifecycle::default(), round),
         }
     }
 
@@ -108,6 +177,7 @@ impl Job {
             ttr: self.ttr,
             created: self.created,
             body: &self.body,
+            options: self.options(),
         }
     }
 }
@@ -126,12 +196,16 @@ pub(super) struct TubeState {
     pub urgent: u64,
     pub reserved: u64,
     pub total_jobs: u64,
+    pub expired: u64,
     pub using: u64,
     pub watching: u64,
     pub cmd_delete: u64,
     pub cmd_pause: u64,
     /// The pause length and when it ends, while paused.
     pub pause: Option<(Micros, Micros)>,
+    /// For its rate limit: the second of its last reserve, and the
+    /// reserves in that second.
+    pub window: (u64, u32),
 }
 
 impl TubeState {
@@ -182,7 +256,21 @@ pub struct State {
     pub(super) reserved: BTreeMap<(Micros, u64), ConnId>,
     /// Paused tubes, (unpause time, tube), for the timer.
     pub(super) pauses: BTreeSet<(Micros, Tube)>,
+    /// Jobs with a time to live, (when it runs out, key), for the timer;
+    /// one held by a worker when it ran out leaves here, and goes when it
+    /// is let go of.
+    pub(super) expiries: BTreeSet<(Micros, u64)>,
+    pub(super) expired: u64,
+    /// Client ids of gone jobs kept taken (their unique window), until when;
+    /// and the same by time, for the timer to let them go.
+    pub(super) taken: HashMap<Arc<str>, Micros>,
+    pub(super) taken_until: BTreeSet<(Micros, Arc<str>)>,
+    /// Tubes whose rate held a reserve back, by when the next second
+    /// begins: the timer serves their waiting workers then.
+    pub(crate) limited: BTreeSet<(Micros, Tube)>,
     pub(super) bury_seq: u64,
+    /// Tubes' settings, kept whether or not the tube exists.
+    pub(super) settings: HashMap<Tube, Lifecycle>,
     pub(super) total_jobs: u64,
     pub(super) timeouts: u64,
 }
@@ -208,7 +296,13 @@ impl State {
             soonest: BTreeSet::new(),
             reserved: BTreeMap::new(),
             pauses: BTreeSet::new(),
+            expiries: BTreeSet::new(),
+            expired: 0,
+            taken: HashMap::new(),
+            taken_until: BTreeSet::new(),
+            limited: BTreeSet::new(),
             bury_seq: 0,
+            settings: HashMap::new(),
             total_jobs: 0,
             timeouts: 0,
         }
@@ -257,6 +351,9 @@ impl State {
     /// by `link` straight after.
     pub(super) fn insert(&mut self, job: Job) -> Slot {
         let key = job.key;
+        if let Some(at) = job.expiry() {
+            self.expiries.insert((at, key));
+        }
         let name = job.name.clone();
         let slot = self.jobs.insert(job);
         let hash = self.hash(key);
@@ -274,6 +371,9 @@ impl State {
     /// Takes an unlinked job out of the pool (and its name out of the names).
     fn take(&mut self, slot: Slot) -> Job {
         let key = self.jobs[slot].key;
+        if let Some(at) = self.jobs[slot].expiry() {
+            self.expiries.remove(&(at, key));
+        }
         let hash = self.hash(key);
         if let Ok(entry) = self.slots.find_entry(hash, |&s| s as Slot == slot) {
             entry.remove();
@@ -375,6 +475,17 @@ impl State {
         let job = self.discard(slot);
         if let Some(ts) = self.tubes.get_mut(&job.tube) {
             ts.cmd_delete += 1;
+        }
+        self.forget_if_unused(&job.tube);
+        job
+    }
+
+    /// Removes a job whose time to live ran out, counting it; returns it.
+    pub(super) fn expire(&mut self, slot: Slot) -> Job {
+        let job = self.discard(slot);
+        self.expired += 1;
+        if let Some(ts) = self.tubes.get_mut(&job.tube) {
+            ts.expired += 1;
         }
         self.forget_if_unused(&job.tube);
         job

@@ -58,6 +58,7 @@ impl State {
             ttr: span(job.ttr),
             time_left: span(left),
             counters: job.counters,
+            life: job.life_stats(),
         })
     }
 
@@ -72,6 +73,7 @@ impl State {
             name: tube.clone(),
             counts: ts.counts(),
             total_jobs: ts.total_jobs,
+            expired: ts.expired,
             using: ts.using,
             watching: ts.watching,
             cmd_delete: ts.cmd_delete,
@@ -90,6 +92,7 @@ impl State {
         StoreStats {
             counts,
             job_timeouts: self.timeouts,
+            expired: self.expired,
             total_jobs: self.total_jobs,
             tubes: self.tubes.len() as u64,
             log: None,

@@ -9,13 +9,13 @@
 
 use std::time::Duration;
 
-use super::journal::{Journal, Meta, Record};
-use super::state::{Job, NO_CONN, Slot, St, State};
+use super::journal::{Journal, Meta, Record, Round};
+use super::state::{Job, Life, NO_CONN, Slot, St, State};
 use crate::clock::{Micros, micros};
 use crate::error::StoreResult;
-use crate::job::{JobCounters, NewJob, PutOutcome, Reserved};
+use crate::job::{JobCounters, Lifecycle, NewJob, Put, PutOutcome, Released, Reserved};
 use crate::names::{JobId, Tube};
-use crate::rules::{KickFrom, kick_from};
+use crate::rules::{KickFrom, backoff_wait, kick_from, out_of_tries};
 use crate::store::{ConnId, Tick, TubeRef};
 
 /// Most due items one tick moves, so one pass never holds the lock for long.
@@ -34,19 +34,18 @@ fn ready_or_delayed(delay: Micros, now: Micros) -> St {
 
 impl State {
     /// Inserts a job, ready or delayed.
-    pub fn put(
-        &mut self,
-        new: NewJob,
-        now: Micros,
-        log: &mut impl Journal,
-    ) -> StoreResult<PutOutcome> {
+    pub fn put(&mut self, new: NewJob, now: Micros, log: &mut impl Journal) -> StoreResult<Put> {
         if let Some(name) = &new.id
-            && self.names.contains_key(name)
+            && (self.names.contains_key(name) || self.taken.get(name).is_some_and(|&u| u > now))
         {
-            return Ok(PutOutcome::Exists(JobId::Client(name.clone())));
+            return Ok(Put {
+                outcome: PutOutcome::Exists(JobId::Client(name.clone())),
+                expires: None,
+            });
         }
         let key = self.next_key;
         let delay = micros(new.delay);
+        let options = new.life.or(self.tube_settings(&new.tube));
         let job = Job {
             key,
             name: new.id,
@@ -60,6 +59,7 @@ impl State {
             // The codec hands over a body that owns its bytes exactly, so
             // this takes them without copying.
             body: Vec::from(new.body).into_boxed_slice(),
+            life: Life::of(options, Round::default()),
         };
         log.keep(Record::Job(job.image()))?;
         self.next_key += 1;
@@ -68,7 +68,10 @@ impl State {
         let (id, state) = (job.id(), job.state);
         let slot = self.insert(job);
         self.link(slot, state, NO_CONN);
-        Ok(PutOutcome::Inserted(id))
+        Ok(Put {
+            outcome: PutOutcome::Inserted(id),
+            expires: options.ttl,
+        })
     }
 
     fn reserve_slot(
@@ -104,14 +107,98 @@ impl State {
         now: Micros,
         log: &mut impl Journal,
     ) -> Option<Reserved> {
-        let (_, key) = tubes
-            .iter()
-            .filter_map(|t| self.tubes.get(t))
-            .filter(|ts| !ts.paused(now))
-            .filter_map(|ts| ts.ready.first().copied())
-            .min()?;
+        let second = now / 1_000_000;
+        let mut best: Option<(u32, u64)> = None;
+        let mut held_back = Vec::new();
+        for t in tubes {
+            let Some(ts) = self.tubes.get(t).filter(|ts| !ts.paused(now)) else {
+                continue;
+            };
+            let Some(&first) = ts.ready.first() else {
+                continue;
+            };
+            if self.rate_used_up(t, second) {
+                held_back.push(t.clone());
+            } else if best.is_none_or(|b| first < b) {
+                best = Some(first);
+            }
+        }
+        // The timer serves these tubes' waiting workers when the next
+        // second begins.
+        for t in held_back {
+            self.limited.insert(((second + 1) * 1_000_000, t));
+        }
+        let (_, key) = best?;
         let slot = self.indexed(key);
+        if !self.settings.is_empty() {
+            let tube = self.jobs[slot].tube.clone();
+            self.count_reserve(&tube, second);
+        }
         Some(self.reserve_slot(conn, slot, now, log))
+    }
+
+    /// Reserves up to `max` jobs as `reserve` would one by one.
+    pub fn reserve_batch(
+        &mut self,
+        conn: ConnId,
+        tubes: &[Tube],
+        max: usize,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> Vec<Reserved> {
+        let mut got = Vec::new();
+        while got.len() < max {
+            match self.reserve(conn, tubes, now, log) {
+                Some(r) => got.push(r),
+                None => break,
+            }
+        }
+        got
+    }
+
+    /// Deletes (or finishes) each of `ids`; returns how many went.
+    pub fn remove_batch(
+        &mut self,
+        conn: ConnId,
+        ids: &[JobId],
+        finish: bool,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> u64 {
+        let removed = ids.iter().filter(|id| {
+            if finish {
+                self.finish(conn, id, now, log)
+            } else {
+                self.delete(conn, id, now, log)
+            }
+        });
+        removed.count() as u64
+    }
+
+    /// Whether `tube` has had all the reserves its rate allows in `second`.
+    fn rate_used_up(&self, tube: &Tube, second: u64) -> bool {
+        if self.settings.is_empty() {
+            return false;
+        }
+        let Some(rate) = self.settings.get(tube).and_then(|s| s.rate) else {
+            return false;
+        };
+        self.tubes
+            .get(tube)
+            .is_some_and(|ts| ts.window.0 == second && ts.window.1 >= rate)
+    }
+
+    /// Counts a reserve from `tube` in `second`, for its rate.
+    fn count_reserve(&mut self, tube: &Tube, second: u64) {
+        if self.settings.get(tube).and_then(|s| s.rate).is_none() {
+            return;
+        }
+        if let Some(ts) = self.tubes.get_mut(tube) {
+            if ts.window.0 != second {
+                ts.window = (second, 0);
+            }
+            ts.window.1 += 1;
+        }
     }
 
     /// Reserves one job by id, if it is not reserved already.
@@ -129,9 +216,35 @@ impl State {
         Some(self.reserve_slot(conn, slot, now, log))
     }
 
+    /// Removes a job a worker let go of if its time to live ran out while
+    /// the worker held it, and records that; says whether it did.
+    fn gone_if_expired(&mut self, slot: Slot, now: Micros, log: &mut impl Journal) -> bool {
+        if !self.jobs[slot].expired() {
+            return false;
+        }
+        let job = self.expire(slot);
+        self.gone(&job, now, log);
+        true
+    }
+
+    /// Records that a job is gone, and keeps its client id taken for its
+    /// unique window, if it has one.
+    pub(super) fn gone(&mut self, job: &Job, now: Micros, log: &mut impl Journal) {
+        log.forget(&job.image());
+        if let (Some(name), Some(window)) = (&job.name, job.options().unique) {
+            let until = now.saturating_add(micros(window));
+            self.keep_taken(name.clone(), until);
+            // Noted, not kept: a delete is never refused for want of room,
+            // so neither is this; on a full disk a crash may lose it.
+            log.note(Record::Taken { name, until });
+        }
+    }
+
     /// Undoes a reservation that never reached its client.
-    pub fn give_back(&mut self, conn: ConnId, id: &JobId, log: &mut impl Journal) {
-        if let Some(slot) = self.held_by(conn, id) {
+    pub fn give_back(&mut self, conn: ConnId, id: &JobId, now: Micros, log: &mut impl Journal) {
+        if let Some(slot) = self.held_by(conn, id)
+            && !self.gone_if_expired(slot, now, log)
+        {
             let job = &mut self.jobs[slot];
             job.counters.reserves = job.counters.reserves.saturating_sub(1);
             self.relink(slot, St::Ready, NO_CONN);
@@ -140,29 +253,41 @@ impl State {
     }
 
     /// Removes a job for good and records it.
-    fn drop_job(&mut self, slot: Slot, log: &mut impl Journal) {
+    fn drop_job(&mut self, slot: Slot, now: Micros, log: &mut impl Journal) {
         let job = self.remove(slot);
-        log.forget(&job.image());
+        self.gone(&job, now, log);
     }
 
     /// Deletes a job that is not reserved, or is reserved by `conn`.
-    pub fn delete(&mut self, conn: ConnId, id: &JobId, log: &mut impl Journal) -> bool {
+    pub fn delete(
+        &mut self,
+        conn: ConnId,
+        id: &JobId,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> bool {
         let Some(slot) = self.slot_of(id) else {
             return false;
         };
         if self.holder(slot).is_some_and(|holder| holder != conn) {
             return false;
         }
-        self.drop_job(slot, log);
+        self.drop_job(slot, now, log);
         true
     }
 
     /// Deletes a job only if `conn` has it reserved.
-    pub fn finish(&mut self, conn: ConnId, id: &JobId, log: &mut impl Journal) -> bool {
+    pub fn finish(
+        &mut self,
+        conn: ConnId,
+        id: &JobId,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> bool {
         let Some(slot) = self.held_by(conn, id) else {
             return false;
         };
-        self.drop_job(slot, log);
+        self.drop_job(slot, now, log);
         true
     }
 
@@ -186,7 +311,30 @@ impl State {
         job.pri = meta.pri;
         job.delay = meta.delay;
         job.counters = meta.counters;
+        if job.meta().round != meta.round {
+            job.set_round(meta.round);
+        }
         self.link(slot, st, conn);
+        Ok(())
+    }
+
+    /// Buries a job for having used up its tries, as `change` does, with
+    /// `counted` noting what else happened.
+    fn bury_dead(
+        &mut self,
+        slot: Slot,
+        pri: u32,
+        log: &mut impl Journal,
+        counted: impl Fn(&mut JobCounters),
+    ) -> StoreResult<()> {
+        let seq = self.bury_seq + 1;
+        self.change(slot, St::Buried { seq }, NO_CONN, log, |m| {
+            m.pri = pri;
+            m.counters.buries += 1;
+            counted(&mut m.counters);
+            m.round.dead = true;
+        })?;
+        self.bury_seq = seq;
         Ok(())
     }
 
@@ -199,17 +347,45 @@ impl State {
         delay: Duration,
         now: Micros,
         log: &mut impl Journal,
-    ) -> StoreResult<Option<Tube>> {
+    ) -> StoreResult<Option<Released>> {
         let Some(slot) = self.held_by(conn, id) else {
             return Ok(None);
         };
-        let delay = micros(delay);
+        let job = &self.jobs[slot];
+        let tube = job.tube.clone();
+        let (options, tries) = (job.options(), job.tries());
+        if self.gone_if_expired(slot, now, log) {
+            return Ok(Some(Released {
+                tube,
+                buried: false,
+                delay: Duration::ZERO,
+            }));
+        }
+        let job = &self.jobs[slot];
+        if out_of_tries(&options, tries) {
+            self.bury_dead(slot, pri, log, |_| ())?;
+            return Ok(Some(Released {
+                tube,
+                buried: true,
+                delay: Duration::ZERO,
+            }));
+        }
+        let mut delay = micros(delay);
+        if delay == 0
+            && let Some(wait) = backoff_wait(&options, job.key, tries)
+        {
+            delay = micros(wait);
+        }
         self.change(slot, ready_or_delayed(delay, now), NO_CONN, log, |m| {
             m.pri = pri;
             m.delay = delay;
             m.counters.releases += 1;
         })?;
-        Ok(Some(self.jobs[slot].tube.clone()))
+        Ok(Some(Released {
+            tube,
+            buried: false,
+            delay: Duration::from_micros(delay),
+        }))
     }
 
     /// Buries a job reserved by `conn`.
@@ -218,15 +394,20 @@ impl State {
         conn: ConnId,
         id: &JobId,
         pri: u32,
+        now: Micros,
         log: &mut impl Journal,
     ) -> StoreResult<bool> {
         let Some(slot) = self.held_by(conn, id) else {
             return Ok(false);
         };
+        if self.gone_if_expired(slot, now, log) {
+            return Ok(true);
+        }
         let seq = self.bury_seq + 1;
         self.change(slot, St::Buried { seq }, NO_CONN, log, |m| {
             m.pri = pri;
             m.counters.buries += 1;
+            m.round.dead = false;
         })?;
         self.bury_seq = seq;
         Ok(true)
@@ -242,9 +423,18 @@ impl State {
         Some(Duration::from_micros(ttr))
     }
 
-    /// Kicks one job to ready.
+    /// Kicks one job to ready; one kicked out of buried starts a fresh
+    /// round of tries.
     fn kick_slot(&mut self, slot: Slot, log: &mut impl Journal) -> StoreResult<()> {
-        self.change(slot, St::Ready, NO_CONN, log, |m| m.counters.kicks += 1)
+        let job = &self.jobs[slot];
+        let fresh = matches!(job.state, St::Buried { .. }) && job.life.is_some();
+        let start = job.counters.reserves;
+        self.change(slot, St::Ready, NO_CONN, log, |m| {
+            m.counters.kicks += 1;
+            if fresh {
+                m.round = Round { start, dead: false };
+            }
+        })
     }
 
     /// Kicks up to `bound` jobs of `tube` (see [`kick_from`]). Stops early
@@ -318,10 +508,18 @@ impl State {
     /// Returns to ready the jobs of `held` that `conn` still holds; returns
     /// the tubes that got jobs back. Not recorded: a restart makes them
     /// ready too, and nothing else about them changed.
-    pub fn release_all(&mut self, conn: ConnId, held: &[JobId]) -> Vec<Tube> {
+    pub fn release_all(
+        &mut self,
+        conn: ConnId,
+        held: &[JobId],
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> Vec<Tube> {
         let mut ready = Vec::new();
         for id in held {
-            if let Some(slot) = self.held_by(conn, id) {
+            if let Some(slot) = self.held_by(conn, id)
+                && !self.gone_if_expired(slot, now, log)
+            {
                 self.make_ready(slot, &mut ready);
             }
         }
@@ -361,9 +559,48 @@ impl State {
             let slot = self.indexed(key);
             self.jobs[slot].counters.timeouts += 1;
             self.timeouts += 1;
-            self.make_ready(slot, &mut ready);
-            log.note(Record::Meta(self.jobs[slot].meta()));
             budget -= 1;
+            if self.gone_if_expired(slot, now, log) {
+                continue;
+            }
+            self.time_out(slot, now, &mut ready);
+            log.note(Record::Meta(self.jobs[slot].meta()));
+        }
+        while budget > 0 {
+            let Some(&(at, key)) = self.expiries.first() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            let slot = self.indexed(key);
+            let job = &mut self.jobs[slot];
+            if let (St::Reserved { .. }, Some(life)) = (job.state, job.life.as_mut()) {
+                // Its worker may still finish it; it goes when let go of.
+                life.expired = true;
+                self.expiries.pop_first();
+            } else {
+                let job = self.expire(slot);
+                self.gone(&job, now, log);
+            }
+            budget -= 1;
+        }
+        while let Some((until, _)) = self.taken_until.first() {
+            if *until > now || budget == 0 {
+                break;
+            }
+            let (_, name) = self.taken_until.pop_first().expect("a first");
+            self.taken.remove(&name);
+            budget -= 1;
+        }
+        while let Some((at, tube)) = self.limited.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.limited.pop_first();
+            if !ready.contains(&tube) {
+                ready.push(tube);
+            }
         }
         while let Some((until, tube)) = self.pauses.first().cloned() {
             if until > now {
@@ -386,12 +623,78 @@ impl State {
         Tick { ready, next }
     }
 
+    /// Moves a job whose TTR ran out: buried if it used up its tries,
+    /// else delayed by its backoff, else ready.
+    fn time_out(&mut self, slot: Slot, now: Micros, ready: &mut Vec<Tube>) {
+        let job = &mut self.jobs[slot];
+        let (options, tries) = (job.options(), job.tries());
+        if out_of_tries(&options, tries) {
+            self.bury_seq += 1;
+            let seq = self.bury_seq;
+            job.counters.buries += 1;
+            job.set_round(Round {
+                dead: true,
+                ..job.meta().round
+            });
+            self.relink(slot, St::Buried { seq }, NO_CONN);
+            return;
+        }
+        let wait = backoff_wait(&options, job.key, tries).map_or(0, micros);
+        if wait > 0 {
+            job.delay = wait;
+            let due = now.saturating_add(wait);
+            self.relink(slot, St::Delayed { due }, NO_CONN);
+        } else {
+            self.make_ready(slot, ready);
+        }
+    }
+
+    /// Sets a tube's settings as a whole (all unset clears them).
+    pub fn set_tube(
+        &mut self,
+        tube: &Tube,
+        options: Lifecycle,
+        log: &mut impl Journal,
+    ) -> StoreResult<()> {
+        log.keep(Record::Settings {
+            tube: tube.as_str(),
+            options,
+        })?;
+        self.keep_settings(tube.clone(), options);
+        Ok(())
+    }
+
+    /// Keeps a tube's settings, forgetting them once all are unset.
+    pub(super) fn keep_settings(&mut self, tube: Tube, options: Lifecycle) {
+        if options.is_empty() {
+            self.settings.remove(&tube);
+        } else {
+            self.settings.insert(tube, options);
+        }
+    }
+
+    /// Keeps a gone job's client id taken until `until` (a later window
+    /// replaces an earlier one).
+    pub(super) fn keep_taken(&mut self, name: std::sync::Arc<str>, until: Micros) {
+        if let Some(old) = self.taken.insert(name.clone(), until) {
+            self.taken_until.remove(&(old, name.clone()));
+        }
+        self.taken_until.insert((until, name));
+    }
+
+    /// A tube's settings.
+    pub fn tube_settings(&self, tube: &Tube) -> Lifecycle {
+        self.settings.get(tube).copied().unwrap_or_default()
+    }
+
     /// The earliest time anything falls due.
     fn next_due(&self) -> Option<Micros> {
         [
             self.soonest.first().map(|d| d.0),
             self.reserved.first_key_value().map(|d| d.0.0),
             self.pauses.first().map(|d| d.0),
+            self.expiries.first().map(|d| d.0),
+            self.limited.first().map(|d| d.0),
         ]
         .into_iter()
         .flatten()

@@ -8,7 +8,8 @@ use redis::{FromRedisValue, RedisError, Value};
 
 use crate::error::{StoreError, StoreResult};
 use crate::job::{
-    Counts, JobBody, JobCounters, JobState, JobStats, Reserved, StoreStats, TubeStats,
+    Backoff, Counts, JobBody, JobCounters, JobState, JobStats, LifeStats, Lifecycle, Reserved,
+    StoreStats, TubeStats,
 };
 use crate::names::{JobId, Tube};
 
@@ -100,9 +101,85 @@ fn ms(v: Value) -> StoreResult<Duration> {
     parse::<u64>(v).map(Duration::from_millis)
 }
 
+/// A job's options or a tube's settings as the library keeps them:
+/// `tries|kind|base|max|jitter|ttl|unique|rate`, each empty when unset (kind `f` fixed, `e`
+/// exponential; times in ms); all unset is the empty string.
+pub(super) fn encode_options(o: &Lifecycle) -> String {
+    if o.is_empty() {
+        return String::new();
+    }
+    let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+    let (kind, base) = match o.backoff {
+        Some(Backoff::Fixed(d)) => ("f", Some(millis(d))),
+        Some(Backoff::Exponential(d)) => ("e", Some(millis(d))),
+        None => ("", None),
+    };
+    format!(
+        "{}|{kind}|{}|{}|{}|{}|{}|{}",
+        opt(o.tries.map(u64::from)),
+        opt(base),
+        opt(o.backoff_max.map(millis)),
+        opt(o.jitter.map(u64::from)),
+        opt(o.ttl.map(millis)),
+        opt(o.unique.map(millis)),
+        opt(o.rate.map(u64::from)),
+    )
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Reads what [`encode_options`] wrote.
+pub(super) fn decode_options(raw: &str) -> StoreResult<Lifecycle> {
+    if raw.is_empty() {
+        return Ok(Lifecycle::default());
+    }
+    let bad = || corrupt("options");
+    let fields: Vec<&str> = raw.split('|').collect();
+    let [tries, kind, base, max, jitter, ttl, unique, rate] = fields[..] else {
+        return Err(bad());
+    };
+    fn num<T: std::str::FromStr>(s: &str) -> Result<Option<T>, ()> {
+        if s.is_empty() {
+            return Ok(None);
+        }
+        s.parse().map(Some).map_err(|_| ())
+    }
+    let ms = |s: &str| num::<u64>(s).map(|v| v.map(Duration::from_millis));
+    let base = ms(base).map_err(|_| bad())?;
+    Ok(Lifecycle {
+        tries: num(tries).map_err(|_| bad())?,
+        backoff: match (kind, base) {
+            ("f", Some(b)) => Some(Backoff::Fixed(b)),
+            ("e", Some(b)) => Some(Backoff::Exponential(b)),
+            ("", None) => None,
+            _ => return Err(bad()),
+        },
+        backoff_max: ms(max).map_err(|_| bad())?,
+        jitter: num(jitter).map_err(|_| bad())?,
+        ttl: ms(ttl).map_err(|_| bad())?,
+        unique: ms(unique).map_err(|_| bad())?,
+        rate: num(rate).map_err(|_| bad())?,
+    })
+}
+
 /// `stats_job`'s reply: `{id, tube, state, pri, age, delay, ttr, time-left
-/// (all ms), reserves, timeouts, releases, buries, kicks}`.
-pub(super) fn job_stats(v: Vec<Value>) -> StoreResult<JobStats> {
+/// (all ms), reserves, timeouts, releases, buries, kicks, options, tries,
+/// dead}`, the last three for a job with options only.
+pub(super) fn job_stats(mut v: Vec<Value>) -> StoreResult<JobStats> {
+    let life = if v.len() == 16 {
+        let dead = v.pop().expect("16 fields");
+        let tries = v.pop().expect("16 fields");
+        let options = v.pop().expect("16 fields");
+        Some(LifeStats {
+            options: decode_options(&parse::<String>(options)?)?,
+            tries: parse(tries)?,
+            dead: parse::<i64>(dead)? == 1,
+        })
+    } else {
+        None
+    };
     let [
         id,
         t,
@@ -126,6 +203,7 @@ pub(super) fn job_stats(v: Vec<Value>) -> StoreResult<JobStats> {
         _ => return Err(corrupt("job state")),
     };
     Ok(JobStats {
+        life,
         id: job_id(id)?,
         tube: tube(&parse::<String>(t)?)?,
         state,
@@ -145,7 +223,8 @@ pub(super) fn job_stats(v: Vec<Value>) -> StoreResult<JobStats> {
 }
 
 /// `stats_tube`'s reply: `{urgent, ready, reserved, delayed, buried, total,
-/// using, watching, cmd-delete, cmd-pause-tube, pause ms, pause ms left}`.
+/// using, watching, cmd-delete, cmd-pause-tube, pause ms, pause ms left,
+/// expired}`.
 pub(super) fn tube_stats(name: &Tube, v: Vec<u64>) -> StoreResult<TubeStats> {
     let [
         urgent,
@@ -160,7 +239,8 @@ pub(super) fn tube_stats(name: &Tube, v: Vec<u64>) -> StoreResult<TubeStats> {
         pauses,
         pause,
         left,
-    ] = <[u64; 12]>::try_from(v).map_err(|_| corrupt("stats-tube"))?;
+        expired,
+    ] = <[u64; 13]>::try_from(v).map_err(|_| corrupt("stats-tube"))?;
     Ok(TubeStats {
         name: name.clone(),
         counts: Counts {
@@ -171,6 +251,7 @@ pub(super) fn tube_stats(name: &Tube, v: Vec<u64>) -> StoreResult<TubeStats> {
             buried,
         },
         total_jobs: total,
+        expired,
         using,
         watching,
         cmd_delete: deletes,
@@ -181,7 +262,7 @@ pub(super) fn tube_stats(name: &Tube, v: Vec<u64>) -> StoreResult<TubeStats> {
 }
 
 /// `stats`'s reply: `{urgent, ready, reserved, delayed, buried, timeouts,
-/// total jobs, tubes}`.
+/// total jobs, tubes, expired}`.
 pub(super) fn store_stats(v: Vec<u64>) -> StoreResult<StoreStats> {
     let [
         urgent,
@@ -192,7 +273,8 @@ pub(super) fn store_stats(v: Vec<u64>) -> StoreResult<StoreStats> {
         timeouts,
         total,
         tubes,
-    ] = <[u64; 8]>::try_from(v).map_err(|_| corrupt("stats"))?;
+        expired,
+    ] = <[u64; 9]>::try_from(v).map_err(|_| corrupt("stats"))?;
     Ok(StoreStats {
         counts: Counts {
             urgent,
@@ -202,6 +284,7 @@ pub(super) fn store_stats(v: Vec<u64>) -> StoreResult<StoreStats> {
             buried,
         },
         job_timeouts: timeouts,
+        expired,
         total_jobs: total,
         tubes,
         log: None,

@@ -12,7 +12,7 @@
 
 use redis::Script;
 
-use crate::rules::URGENT_PRIORITY;
+use crate::rules::{MAX_OPTION_TIME, URGENT_PRIORITY};
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 const DISPATCH: &str = include_str!("../lua/batch.lua");
@@ -56,9 +56,21 @@ impl Kind {
                 ids,
                 forget_births,
                 forget_counts,
+                set_tube,
+                reserve_many,
+                delete_many,
             ),
             Kind::Reads => ops!(
-                peek, stats_job, stats_tube, stats, list_tubes, inventory, live, pauses, firsts
+                peek,
+                stats_job,
+                stats_tube,
+                stats,
+                list_tubes,
+                inventory,
+                live,
+                pauses,
+                firsts,
+                tube_settings
             ),
         }
     }
@@ -146,7 +158,10 @@ impl Library {
 
 /// The rules' constants as Lua locals, ahead of the prelude.
 fn rules_header() -> String {
-    format!("-- From src/rules.rs.\nlocal URGENT = {URGENT_PRIORITY}\n")
+    format!(
+        "-- From src/rules.rs.\nlocal URGENT = {URGENT_PRIORITY}\nlocal MAX_OPTION_MS = {}\n",
+        MAX_OPTION_TIME.as_millis()
+    )
 }
 
 /// For benchmarks: delayq's function library (what `FUNCTION LOAD` takes),
@@ -155,7 +170,7 @@ fn rules_header() -> String {
 /// default prefix: 100-byte ready jobs for `put`. `None` for another `op`.
 pub fn bench_call(op: &str, n: usize) -> Option<(String, Vec<Vec<u8>>)> {
     let args: Vec<&[u8]> = match op {
-        "put" => vec![b"bench", b"", b"0", b"0", b"60000", &[b'x'; 100]],
+        "put" => vec![b"bench", b"", b"0", b"0", b"60000", &[b'x'; 100], b""],
         "reserve" => vec![b"bench:1", b"bench"],
         _ => return None,
     };

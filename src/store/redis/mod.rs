@@ -45,7 +45,10 @@ use shards::Sharding;
 
 use super::{ConnId, Store, StoreEvent, Tick, TubeRef};
 use crate::error::{StoreError, StoreResult};
-use crate::job::{JobBody, JobStats, NewJob, PutOutcome, Reserved, StoreStats, TubeStats};
+use crate::job::{
+    JobBody, JobStats, Lifecycle, NewJob, Put, PutOutcome, Released, Reserved, StoreStats,
+    TubeStats,
+};
 use crate::names::{JobId, Tube};
 
 /// Most jobs one script call moves (a kick, a disconnect), so no call
@@ -328,10 +331,12 @@ impl RedisStore {
         s: &Sharding,
         conn: ConnId,
         tubes: &[Tube],
-    ) -> StoreResult<Option<Reserved>> {
+        max: usize,
+    ) -> StoreResult<Vec<Reserved>> {
         self.rescan(s).await?;
         let mut tried: Vec<(usize, Tube)> = Vec::new();
         let (mut failed, mut answered) = (None, false);
+        let mut out = Vec::new();
         loop {
             let untried: Vec<(usize, Tube)> = s
                 .candidates(tubes)
@@ -346,22 +351,78 @@ impl RedisStore {
             let Some((shard, t)) = claim.as_ref().map(|c| c.target().clone()) else {
                 // Every shard tried failed: say so rather than "none".
                 return match failed {
-                    Some(e) if !answered => Err(e),
-                    _ => Ok(None),
+                    Some(e) if !answered && out.is_empty() => Err(e),
+                    _ => Ok(out),
                 };
             };
-            let args = vec![Arg::Owner(conn), Arg::Tube(t.clone())];
-            let got = self
-                .op_on(shard, Kind::Moves, "reserve", args)
+            let names = Arg::Tube(t.clone());
+            match self
+                .reserve_in(shard, conn, names, max - out.len(), tubes)
                 .await
-                .and_then(|got| reserved(got, tubes));
-            match got {
-                Ok(Some(got)) => return Ok(self.reserved_from(shard, Some(got))),
-                Ok(None) => answered = true,
+            {
+                Ok(got) if got.is_empty() => answered = true,
+                Ok(got) => {
+                    out.extend(
+                        got.into_iter()
+                            .filter_map(|r| self.reserved_from(shard, Some(r))),
+                    );
+                    if out.len() >= max {
+                        return Ok(out);
+                    }
+                }
                 Err(e) => failed = Some(e),
             }
             tried.push((shard, t));
         }
+    }
+
+    /// Reserves up to `max` jobs of `names` (tubes, separated by spaces) in
+    /// one call to `shard`; `tubes` are names already known.
+    async fn reserve_in(
+        &self,
+        shard: usize,
+        conn: ConnId,
+        names: Arg,
+        max: usize,
+        tubes: &[Tube],
+    ) -> StoreResult<Vec<Reserved>> {
+        if max == 1 {
+            // The common case has an operation of its own, which spares the
+            // list around its one job.
+            let args = vec![Arg::Owner(conn), names];
+            let got = self.op_on(shard, Kind::Moves, "reserve", args).await?;
+            return Ok(reserved(got, tubes)?.into_iter().collect());
+        }
+        let args = vec![Arg::Owner(conn), names, Arg::Int(max as u64)];
+        let got = self.op_on(shard, Kind::Moves, "reserve_many", args).await?;
+        let got: Vec<Value> = parse(got)?;
+        got.into_iter()
+            .map(|v| reserved(v, tubes)?.ok_or_else(|| corrupt("reserve_many")))
+            .collect()
+    }
+
+    /// `ids` grouped by shard, each group in chunks of at most `BATCH`,
+    /// each chunk as the library takes a list of ids (separated by spaces).
+    fn ids_by_shard(&self, ids: &[JobId]) -> Vec<(usize, String)> {
+        let mut by_shard: Vec<Vec<&JobId>> = vec![Vec::new(); self.queues.len()];
+        for id in ids {
+            by_shard[self.locate(id)].push(id);
+        }
+        let mut out = Vec::new();
+        for (shard, ids) in by_shard.iter().enumerate() {
+            for chunk in ids.chunks(BATCH as usize) {
+                let list = chunk
+                    .iter()
+                    .map(|id| match id {
+                        JobId::Server(n) => format!("#{n:012x}"),
+                        JobId::Client(name) => name.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                out.push((shard, list));
+            }
+        }
+        out
     }
 
     /// On a cluster: forgets the tubes `names` (separated by spaces), found
@@ -476,9 +537,9 @@ fn ticked(v: Value) -> StoreResult<(Option<Duration>, Vec<Tube>)> {
 }
 
 impl Store for RedisStore {
-    async fn put(&self, job: NewJob) -> StoreResult<PutOutcome> {
+    async fn put(&self, job: NewJob) -> StoreResult<Put> {
         let name = job.id.clone();
-        let delay = job.delay;
+        let (delay, ttl) = (job.delay, job.life.ttl);
         // On a cluster every job's key comes from this process's block of
         // the cluster-wide sequence, so keys of all shards follow the order
         // of the puts; a server id's key decides its shard. (A put that
@@ -506,6 +567,7 @@ impl Store for RedisStore {
             Arg::Int(millis(job.delay)),
             Arg::Int(millis(job.ttr)),
             Arg::Body(job.body),
+            Arg::Text(decode::encode_options(&job.life)),
         ];
         let got = match self.op_on(shard, Kind::Puts, "put", args).await {
             Err(StoreError::Unavailable(why)) if why.contains("is taken") => {
@@ -519,27 +581,61 @@ impl Store for RedisStore {
             got => got?,
         };
         let outcome = match (got, name) {
-            (Value::Int(0), Some(name)) => return Ok(PutOutcome::Exists(JobId::Client(name))),
+            (Value::Int(0), Some(name)) => {
+                return Ok(Put {
+                    outcome: PutOutcome::Exists(JobId::Client(name)),
+                    expires: None,
+                });
+            }
             (Value::BulkString(_), Some(name)) => PutOutcome::Inserted(JobId::Client(name)),
             (got @ Value::Int(_), None) => PutOutcome::Inserted(job_id(got)?),
             _ => return Err(corrupt("put")),
         };
         self.due_in(shard, delay);
-        Ok(outcome)
+        if let Some(ttl) = ttl {
+            self.due_in(shard, ttl);
+        }
+        // A time to live from the tube's settings is left to the timer,
+        // which looks at Redis at least every MAX_SLEEP (and on a cluster
+        // the shard says so itself).
+        Ok(Put {
+            outcome,
+            expires: None,
+        })
     }
 
     async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
+        Ok(self.reserve_batch(conn, tubes, 1).await?.pop())
+    }
+
+    async fn reserve_batch(
+        &self,
+        conn: ConnId,
+        tubes: &[Tube],
+        max: usize,
+    ) -> StoreResult<Vec<Reserved>> {
         if let Some(s) = &self.sharding {
-            return self.reserve_sharded(s, conn, tubes).await;
+            return self.reserve_sharded(s, conn, tubes, max).await;
         }
         let names = match tubes {
             [one] => Arg::Tube(one.clone()),
             _ => Arg::Text(tubes.iter().map(Tube::as_str).collect::<Vec<_>>().join(" ")),
         };
-        let got = self
-            .op(Kind::Moves, "reserve", vec![Arg::Owner(conn), names])
-            .await?;
-        reserved(got, tubes)
+        self.reserve_in(self.control(), conn, names, max, tubes)
+            .await
+    }
+
+    async fn remove_batch(&self, conn: ConnId, ids: &[JobId], finish: bool) -> StoreResult<u64> {
+        let mode = if finish { "finish" } else { "delete" };
+        let calls = self.ids_by_shard(ids).into_iter().map(|(shard, list)| {
+            let args = vec![Arg::Owner(conn), Arg::Text(list), Arg::Static(mode)];
+            self.op_on(shard, Kind::Moves, "delete_many", args)
+        });
+        let mut removed = 0;
+        for got in join_all(calls).await {
+            removed += parse::<u64>(got?)?;
+        }
+        Ok(removed)
     }
 
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
@@ -570,16 +666,22 @@ impl Store for RedisStore {
         id: &JobId,
         pri: u32,
         delay: Duration,
-    ) -> StoreResult<Option<Tube>> {
+    ) -> StoreResult<Option<Released>> {
         let after = vec![Arg::Int(pri.into()), Arg::Int(millis(delay))];
-        let (shard, t): (usize, Option<String>) = self
+        let (shard, got): (usize, Option<(String, i64)>) = self
             .move_job("release", vec![Arg::Owner(conn)], id, after)
             .await?;
-        let t = t.as_deref().map(tube).transpose()?;
-        if t.is_some() {
-            self.due_in(shard, delay);
-        }
-        Ok(t)
+        let Some((t, delay)) = got else {
+            return Ok(None);
+        };
+        // A negative delay: buried, having used up its tries.
+        let released = Released {
+            tube: tube(&t)?,
+            buried: delay < 0,
+            delay: Duration::from_millis(delay.max(0) as u64),
+        };
+        self.due_in(shard, released.delay);
+        Ok(Some(released))
     }
 
     async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
@@ -688,7 +790,13 @@ impl Store for RedisStore {
                 None => sum = Some(v),
                 Some(sum) => {
                     for (i, (a, b)) in sum.iter_mut().zip(v).enumerate() {
-                        *a = if i >= 10 { (*a).max(b) } else { *a + b };
+                        // The pause and its time left are the control
+                        // slot's; the rest are sums.
+                        *a = if i == 10 || i == 11 {
+                            (*a).max(b)
+                        } else {
+                            *a + b
+                        };
                     }
                 }
             }
@@ -707,7 +815,7 @@ impl Store for RedisStore {
 
     async fn stats(&self) -> StoreResult<StoreStats> {
         let all: Vec<Vec<u64>> = self.every("stats", Vec::new, true).await?;
-        let mut sum = vec![0u64; 8];
+        let mut sum = vec![0u64; 9];
         for v in all {
             for (a, b) in sum.iter_mut().zip(v) {
                 *a += b;
@@ -785,30 +893,52 @@ impl Store for RedisStore {
         Ok(n == 1)
     }
 
-    async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
-        let mut by_shard: Vec<Vec<JobId>> = vec![Vec::new(); self.queues.len()];
-        for id in held {
-            by_shard[self.locate(id)].push(id.clone());
+    async fn set_tube(&self, t: &Tube, options: Lifecycle) -> StoreResult<()> {
+        // Every shard keeps the settings, for the puts it takes (and the
+        // control slot, which `tube_settings` reads).
+        // On a cluster each shard of the tube allows its share of the rate
+        // (rounded up: a shard allows at least one reserve a second).
+        let shards = self.sharding.as_ref().map_or(1, |s| s.spread_of(t)) as u32;
+        let share = Lifecycle {
+            rate: options.rate.map(|n| n.div_ceil(shards)),
+            ..options
+        };
+        let (whole, share) = (
+            decode::encode_options(&options),
+            decode::encode_options(&share),
+        );
+        let calls = (0..self.queues.len()).map(|q| {
+            let mine = if self.sharding.is_some() && q != self.control() {
+                share.clone()
+            } else {
+                whole.clone()
+            };
+            let args = vec![Arg::Tube(t.clone()), Arg::Text(mine)];
+            self.op_on(q, Kind::Moves, "set_tube", args)
+        });
+        for got in join_all(calls).await {
+            got?;
         }
+        Ok(())
+    }
+
+    async fn tube_settings(&self, t: &Tube) -> StoreResult<Lifecycle> {
+        let got = self
+            .op(Kind::Reads, "tube_settings", vec![Arg::Tube(t.clone())])
+            .await?;
+        decode::decode_options(&parse::<String>(got)?)
+    }
+
+    async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
         let mut tubes = Vec::new();
-        for (shard, ids) in by_shard.iter().enumerate() {
-            for chunk in ids.chunks(BATCH as usize) {
-                let ids = chunk
-                    .iter()
-                    .map(|id| match id {
-                        JobId::Server(n) => format!("#{n:012x}"),
-                        JobId::Client(name) => name.to_string(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                let args = vec![Arg::Owner(conn), Arg::Text(ids)];
-                let got = self.op_on(shard, Kind::Moves, "release_all", args).await?;
-                let got: Vec<String> = parse(got)?;
-                for t in got {
-                    let t = tube(&t)?;
-                    if !tubes.contains(&t) {
-                        tubes.push(t);
-                    }
+        for (shard, ids) in self.ids_by_shard(held) {
+            let args = vec![Arg::Owner(conn), Arg::Text(ids)];
+            let got = self.op_on(shard, Kind::Moves, "release_all", args).await?;
+            let got: Vec<String> = parse(got)?;
+            for t in got {
+                let t = tube(&t)?;
+                if !tubes.contains(&t) {
+                    tubes.push(t);
                 }
             }
         }

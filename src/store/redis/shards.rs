@@ -188,17 +188,22 @@ impl Sharding {
         })
     }
 
+    /// How many shards `tube`'s jobs are spread over.
+    pub fn spread_of(&self, tube: &Tube) -> usize {
+        if self.whole.iter().any(|t| t == tube.as_str()) {
+            1
+        } else {
+            self.spread
+        }
+    }
+
     /// Whether a new job of `tube` may have the key `key` (whose remainder
     /// by [`SHARDS`] is its shard): any key if the tube spreads over every
     /// shard, else only keys of the tube's shards, which lie evenly spaced
     /// from its home shard, so that a tube spread over fewer shards than
     /// there are still reaches every primary.
     pub fn fits(&self, tube: &Tube, key: u64) -> bool {
-        let spread = if self.whole.iter().any(|t| t == tube.as_str()) {
-            1
-        } else {
-            self.spread
-        };
+        let spread = self.spread_of(tube);
         if spread == SHARDS {
             return true;
         }
