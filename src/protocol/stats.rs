@@ -330,27 +330,18 @@ pub fn render_job(j: &JobStats) -> String {
     if let Some(life) = &j.life {
         let o = &life.options;
         field(&mut y, "tries", life.tries);
-        match o.tries {
-            Some(n) => field(&mut y, "max-tries", n),
-            None => field(&mut y, "max-tries", "none"),
-        }
-        match o.backoff {
-            Some(b) => field(&mut y, "backoff", options::show_backoff(b)),
-            None => field(&mut y, "backoff", "none"),
-        }
-        match o.backoff_max {
-            Some(d) => field(&mut y, "backoff-max", options::show_duration(d)),
-            None => field(&mut y, "backoff-max", "none"),
-        }
+        let or_none = |v: Option<String>| v.unwrap_or_else(|| "none".into());
+        field(&mut y, "max-tries", or_none(o.tries.map(|n| n.to_string())));
+        field(
+            &mut y,
+            "backoff",
+            or_none(o.backoff.map(options::show_backoff)),
+        );
+        let show = |d: Option<std::time::Duration>| or_none(d.map(options::show_duration));
+        field(&mut y, "backoff-max", show(o.backoff_max));
         field(&mut y, "jitter", o.jitter.unwrap_or(0));
-        match o.ttl {
-            Some(d) => field(&mut y, "ttl", options::show_duration(d)),
-            None => field(&mut y, "ttl", "none"),
-        }
-        match o.unique {
-            Some(d) => field(&mut y, "unique", options::show_duration(d)),
-            None => field(&mut y, "unique", "none"),
-        }
+        field(&mut y, "ttl", show(o.ttl));
+        field(&mut y, "unique", show(o.unique));
         if j.state == JobState::Buried {
             let why = if life.dead { "tries" } else { "bury" };
             field(&mut y, "buried-because", why);

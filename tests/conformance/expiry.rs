@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::{Backend, Client, TestServer, Yaml, assert_between};
-use crate::support::SEC;
+use crate::support::{SEC, put_opts, put_with};
 
 backend_tests!(
     a_ready_job_expires_and_is_counted,
@@ -33,32 +33,6 @@ const EXPIRED: &str = "total-jobs-expired";
 /// may wake up to a second late on some engines, and a loaded machine adds
 /// some more.
 const GRACE: Duration = Duration::from_secs(2);
-
-/// Sends `put <args> <bytes>[ <extra>]` and the body; returns the reply line.
-/// `args` is `<pri> <delay> <ttr>`; `extra` is an optional client id and
-/// the options, as one string.
-async fn put_with(c: &mut Client, args: &str, body: &[u8], extra: &str) -> String {
-    let mut line = format!("put {args} {}", body.len());
-    if !extra.is_empty() {
-        line.push(' ');
-        line.push_str(extra);
-    }
-    let mut msg = line.into_bytes();
-    msg.extend_from_slice(b"\r\n");
-    msg.extend_from_slice(body);
-    msg.extend_from_slice(b"\r\n");
-    c.send(&msg).await;
-    c.line().await
-}
-
-/// A `put` with options that must be stored; returns the server id.
-async fn put_opts(c: &mut Client, args: &str, body: &[u8], options: &str) -> u64 {
-    let reply = put_with(c, args, body, options).await;
-    reply
-        .strip_prefix("INSERTED ")
-        .and_then(|id| id.parse().ok())
-        .unwrap_or_else(|| panic!("put {args} .. {options}: expected INSERTED <n>, got {reply:?}"))
-}
 
 /// Whether `stats-job <id>` finds the job (its document is read and
 /// dropped).

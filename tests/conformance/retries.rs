@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::{Backend, Client, TestServer, Yaml, assert_between};
-use crate::support::SEC;
+use crate::support::{BEANSTALKD_STATS_JOB, SEC, put_opts, put_with};
 
 backend_tests!(
     no_options_behave_as_beanstalkd,
@@ -23,25 +23,6 @@ backend_tests!(
     jitter_shortens_the_backoff,
 );
 
-/// beanstalkd's `stats-job` keys, in order: a job without options has
-/// exactly these.
-const BEANSTALKD_KEYS: &[&str] = &[
-    "id",
-    "tube",
-    "state",
-    "pri",
-    "age",
-    "delay",
-    "ttr",
-    "time-left",
-    "file",
-    "reserves",
-    "timeouts",
-    "releases",
-    "buries",
-    "kicks",
-];
-
 /// The keys a job with options has after beanstalkd's (`buried-because`
 /// comes only while it is buried).
 const OPTION_KEYS: &[&str] = &[
@@ -56,38 +37,12 @@ const OPTION_KEYS: &[&str] = &[
 
 /// The keys of a job with options, in order; `buried` adds `buried-because`.
 fn keys_with_options(buried: bool) -> Vec<&'static str> {
-    let mut keys = BEANSTALKD_KEYS.to_vec();
+    let mut keys = BEANSTALKD_STATS_JOB.to_vec();
     keys.extend_from_slice(OPTION_KEYS);
     if buried {
         keys.push("buried-because");
     }
     keys
-}
-
-/// Sends `put <args> <bytes>[ <extra>]` and the body; returns the reply line.
-/// `args` is `<pri> <delay> <ttr>`; `extra` is an optional client id and
-/// the options, as one string.
-async fn put_with(c: &mut Client, args: &str, body: &[u8], extra: &str) -> String {
-    let mut line = format!("put {args} {}", body.len());
-    if !extra.is_empty() {
-        line.push(' ');
-        line.push_str(extra);
-    }
-    let mut msg = line.into_bytes();
-    msg.extend_from_slice(b"\r\n");
-    msg.extend_from_slice(body);
-    msg.extend_from_slice(b"\r\n");
-    c.send(&msg).await;
-    c.line().await
-}
-
-/// A `put` with options that must be stored; returns the server id.
-async fn put_opts(c: &mut Client, args: &str, body: &[u8], options: &str) -> u64 {
-    let reply = put_with(c, args, body, options).await;
-    reply
-        .strip_prefix("INSERTED ")
-        .and_then(|id| id.parse().ok())
-        .unwrap_or_else(|| panic!("put {args} .. {options}: expected INSERTED <n>, got {reply:?}"))
 }
 
 /// Polls `stats-job` until the job is no longer in `state` (its TTR ran
@@ -111,14 +66,14 @@ async fn no_options_behave_as_beanstalkd(backend: Backend) {
     let server = TestServer::start(backend).await;
     let mut c = server.client().await;
     let id = c.put_ok(0, 0, 1, b"plain").await;
-    assert_eq!(c.stats_job(id).await.keys(), BEANSTALKD_KEYS);
+    assert_eq!(c.stats_job(id).await.keys(), BEANSTALKD_STATS_JOB);
     for _ in 0..3 {
         reserve_now(&mut c, id).await;
-        assert_eq!(c.stats_job(id).await.keys(), BEANSTALKD_KEYS);
+        assert_eq!(c.stats_job(id).await.keys(), BEANSTALKD_STATS_JOB);
         assert_eq!(c.cmd(&format!("release {id} 0 0")).await, "RELEASED");
     }
     let s = c.stats_job(id).await;
-    assert_eq!(s.keys(), BEANSTALKD_KEYS);
+    assert_eq!(s.keys(), BEANSTALKD_STATS_JOB);
     assert_eq!(s.get("state"), "ready");
     // Its TTR runs out, twice: ready again at once each time.
     for timeouts in 1..=2 {
@@ -133,16 +88,16 @@ async fn no_options_behave_as_beanstalkd(backend: Backend) {
         );
         assert_eq!(s.get("state"), "ready", "{s:?}");
         assert_eq!(s.num("timeouts"), timeouts);
-        assert_eq!(s.keys(), BEANSTALKD_KEYS);
+        assert_eq!(s.keys(), BEANSTALKD_STATS_JOB);
     }
     // Buried and delayed: still beanstalkd's document.
     reserve_now(&mut c, id).await;
     assert_eq!(c.cmd(&format!("bury {id} 0")).await, "BURIED");
     let s = c.stats_job(id).await;
     assert_eq!(s.get("state"), "buried");
-    assert_eq!(s.keys(), BEANSTALKD_KEYS);
+    assert_eq!(s.keys(), BEANSTALKD_STATS_JOB);
     let later = c.put_ok(0, 100, 1, b"later").await;
-    assert_eq!(c.stats_job(later).await.keys(), BEANSTALKD_KEYS);
+    assert_eq!(c.stats_job(later).await.keys(), BEANSTALKD_STATS_JOB);
     // The default tube has no settings.
     let t = c.yaml("tube-settings default").await;
     assert!(t.pairs.is_empty() && t.items.is_empty(), "{t:?}");
@@ -429,7 +384,7 @@ async fn tube_set_gives_jobs_put_afterwards_their_options(backend: Backend) {
         (0, "2", "1s", "none", 0)
     );
     // A job put before the settings has none.
-    assert_eq!(c.stats_job(before).await.keys(), BEANSTALKD_KEYS);
+    assert_eq!(c.stats_job(before).await.keys(), BEANSTALKD_STATS_JOB);
     // A job's own option wins; the others still come from the tube.
     let own = put_opts(&mut c, "0 0 60", b"own", "tries=5").await;
     let s = c.stats_job(own).await;
@@ -456,7 +411,7 @@ async fn tube_set_gives_jobs_put_afterwards_their_options(backend: Backend) {
     let t = c.yaml("tube-settings refunds").await;
     assert!(t.pairs.is_empty() && t.items.is_empty(), "{t:?}");
     let after = c.put_ok(0, 0, 60, b"after").await;
-    assert_eq!(c.stats_job(after).await.keys(), BEANSTALKD_KEYS);
+    assert_eq!(c.stats_job(after).await.keys(), BEANSTALKD_STATS_JOB);
     // Jobs put while the settings held keep them.
     let s = c.stats_job(plain).await;
     assert_eq!((s.get("max-tries"), s.get("backoff")), ("2", "1s"));

@@ -2,6 +2,7 @@
 //! `version`.
 
 use crate::common::{Backend, TestServer};
+use crate::support::BEANSTALKD_STATS_JOB;
 
 /// `stats` fields exactly as beanstalkd 1.12 prints them, in its order
 /// (taken from a real beanstalkd 1.12's output).
@@ -57,24 +58,6 @@ const BEANSTALKD_STATS: &[&str] = &[
     "hostname",
     "os",
     "platform",
-];
-
-/// `stats-job` fields as beanstalkd 1.12 prints them.
-const BEANSTALKD_STATS_JOB: &[&str] = &[
-    "id",
-    "tube",
-    "state",
-    "pri",
-    "age",
-    "delay",
-    "ttr",
-    "time-left",
-    "file",
-    "reserves",
-    "timeouts",
-    "releases",
-    "buries",
-    "kicks",
 ];
 
 /// `stats-tube` fields as beanstalkd 1.12 prints them.

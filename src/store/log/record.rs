@@ -637,6 +637,7 @@ mod tests {
             jitter: Some(20),
             ttl: Some(Duration::from_secs(86_400)),
             unique: Some(Duration::from_secs(3_600)),
+            rate: None,
         }
     }
 
