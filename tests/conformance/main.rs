@@ -12,6 +12,7 @@ mod common;
 
 mod support;
 
+mod batch;
 mod client_ids;
 mod errors;
 mod expiry;

@@ -36,6 +36,7 @@ mod cluster;
 
 engines!($ memory, durable, redis, cluster);
 
+mod batch;
 mod connections;
 mod delete;
 mod expiry;
