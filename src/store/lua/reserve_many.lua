@@ -1,10 +1,40 @@
 -- reserve-many: take up to `count` jobs at once, each as `reserve` would,
 -- in the order it would take them one by one.
--- Args: owner, the tubes separated by spaces, count
+-- Args: owner, the tubes separated by spaces, the most to take
 -- Returns a list of {id, tube, body, ttr}, possibly empty.
-OPS.reserve_many = function(owner, tubes, count)
+OPS.reserve_many = function(owner, tubes, most)
+  most = tonumber(most)
+  local one = not string.find(tubes, ' ', 1, true)
+  if one and not paused(tubes) and rate_of(tubes) == nil then
+    -- One tube with no rate to count: the jobs are popped, read, held and
+    -- written back in one command each, not one per job.
+    local tube = tubes
+    local popped = redis.call('ZPOPMIN', tube_key('ready', tube), most)
+    local keys = {}
+    for i = 1, #popped, 2 do keys[#keys + 1] = popped[i] end
+    if #keys == 0 then return {} end
+    local raws = redis.call('HMGET', P .. 'jobs', unpack(keys))
+    local out, deadlines, saved, first = {}, {}, {}, nil
+    for i, key in ipairs(keys) do
+      local job = cmsgpack.unpack(raws[i])
+      -- As `reserve_key` and `link` do, one job at a time.
+      unlink(key, job, true)
+      job[RESERVES], job[OWNER] = job[RESERVES] + 1, owner
+      local at = from_now(job[TTR])
+      job[STATE], job[AT] = 'reserved', at
+      count(tube_key('tube', tube), 'reserved', 1)
+      deadlines[#deadlines + 1], deadlines[#deadlines + 2] = at, key
+      saved[#saved + 1], saved[#saved + 2] = key, cmsgpack.pack(job)
+      if first == nil or at < first then first = at end
+      out[#out + 1] = { id_of(key, job), job[TUBE], job[BODY], job[TTR] }
+    end
+    redis.call('ZADD', P .. 'reserved', unpack(deadlines))
+    redis.call('HSET', P .. 'jobs', unpack(saved))
+    if SHARDED then wake_by(first) end
+    return out
+  end
   local out = {}
-  for _ = 1, tonumber(count) do
+  for _ = 1, most do
     local got = OPS.reserve(owner, tubes)
     if not got then break end
     out[#out + 1] = got
