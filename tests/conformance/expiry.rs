@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::{Backend, Client, TestServer, Yaml, assert_between};
-use crate::support::{SEC, put_opts, put_with};
+use crate::support::{SEC, assert_bad_option, put_opts};
 
 backend_tests!(
     a_ready_job_expires_and_is_counted,
@@ -478,16 +478,7 @@ async fn a_long_ttl_is_kept_and_bad_ttls_are_refused(backend: Backend) {
         "ttl=1s ttl=1s",
         "ttl=1s ttl=2s",
     ] {
-        assert_eq!(
-            put_with(&mut c, "0 0 60", b"use evil", options).await,
-            "BAD_OPTION",
-            "put .. {options}"
-        );
-        assert_eq!(
-            c.cmd("list-tube-used").await,
-            "USING default",
-            "after {options}"
-        );
+        assert_bad_option(&mut c, options).await;
         assert_eq!(
             c.cmd(&format!("tube-set t {options}")).await,
             "BAD_OPTION",

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::{Backend, Client, TestServer, Yaml, assert_between};
-use crate::support::{BEANSTALKD_STATS_JOB, SEC, put_opts, put_with};
+use crate::support::{BEANSTALKD_STATS_JOB, SEC, assert_bad_option, put_opts, put_with};
 
 backend_tests!(
     no_options_behave_as_beanstalkd,
@@ -452,16 +452,7 @@ async fn bad_options_are_refused_and_the_body_is_consumed(backend: Backend) {
         "backoff=1s backoff=1s",
         "tries=2 jitter=101",
     ] {
-        assert_eq!(
-            put_with(&mut c, "0 0 60", body, options).await,
-            "BAD_OPTION",
-            "put .. {options}"
-        );
-        assert_eq!(
-            c.cmd("list-tube-used").await,
-            "USING default",
-            "after {options}"
-        );
+        assert_bad_option(&mut c, options).await;
     }
     // With a client id too: refused, and the id is not taken.
     assert_eq!(

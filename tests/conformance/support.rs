@@ -53,3 +53,19 @@ pub async fn put_opts(c: &mut Client, args: &str, body: &[u8], options: &str) ->
         .and_then(|id| id.parse().ok())
         .unwrap_or_else(|| panic!("put {args} .. {options}: expected INSERTED <n>, got {reply:?}"))
 }
+
+/// Puts a job with `options` whose body reads as a command (`use evil`):
+/// the put must be refused with `BAD_OPTION` and its body read as data,
+/// so the connection still uses `default`.
+pub async fn assert_bad_option(c: &mut Client, options: &str) {
+    assert_eq!(
+        put_with(c, "0 0 60", b"use evil", options).await,
+        "BAD_OPTION",
+        "put .. {options}"
+    );
+    assert_eq!(
+        c.cmd("list-tube-used").await,
+        "USING default",
+        "after {options}"
+    );
+}
