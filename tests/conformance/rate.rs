@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{Backend, TestServer};
+use crate::support::BEANSTALKD_STATS_JOB;
 
 backend_tests!(
     a_rate_spreads_reserves_over_seconds_and_held_back_workers_wait,
@@ -95,4 +96,10 @@ async fn rate_is_a_tube_setting_only(backend: Backend) {
     assert_eq!(s.get("max-tries"), "3");
     assert!(!s.keys().contains(&"rate"), "{:?}", s.keys());
     assert_eq!(c.stats().await.num("current-jobs-ready"), 1);
+    // A tube with only a rate gives its jobs no options at all: their
+    // `stats-job` is beanstalkd's.
+    assert_eq!(c.cmd("tube-set only-rate rate=10").await, "SET");
+    c.cmd("use only-rate").await;
+    let id = c.put_ok(0, 0, 60, b"x").await;
+    assert_eq!(c.stats_job(id).await.keys(), BEANSTALKD_STATS_JOB);
 }

@@ -487,12 +487,16 @@ end
 local function with_settings(options, tube)
   local s = settings_of(tube)
   if s == '' then return options end
-  if options == '' then return s end
-  local own, fallback = split_options(options), split_options(s)
-  -- Not the tube's rate: a job has none of its own.
+  local fallback = split_options(s)
+  local own = options == '' and { '', '', '', '', '', '', '', '' } or split_options(options)
+  local any = false
+  -- Not the tube's rate (the 8th): a job has none of its own, so a tube
+  -- with only a rate gives its jobs no options at all.
   for i = 1, 7 do
     if own[i] == '' then own[i] = fallback[i] end
+    any = any or own[i] ~= ''
   end
+  if not any then return '' end
   own[8] = ''
   return table.concat(own, '|')
 end
