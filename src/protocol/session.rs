@@ -156,12 +156,15 @@ impl<S: Store> Session<S> {
         tubes: &[Tube],
         batch: Option<usize>,
     ) -> StoreResult<Option<Reply>> {
-        let shared = self.shared.clone();
         let Some(max) = batch else {
-            let got = shared.broker.reserve(self.id, tubes).await?;
+            let got = self.shared.broker.reserve(self.id, tubes).await?;
             return Ok(got.map(|got| self.took(got)));
         };
-        let got = shared.broker.reserve_batch(self.id, tubes, max).await?;
+        let got = self
+            .shared
+            .broker
+            .reserve_batch(self.id, tubes, max)
+            .await?;
         Ok((!got.is_empty()).then(|| self.took_batch(got)))
     }
 
@@ -171,10 +174,14 @@ impl<S: Store> Session<S> {
         let Some(max) = batch else {
             return self.took(got);
         };
-        let shared = self.shared.clone();
         let mut all = vec![got];
         if max > 1 {
-            match shared.broker.reserve_batch(self.id, tubes, max - 1).await {
+            match self
+                .shared
+                .broker
+                .reserve_batch(self.id, tubes, max - 1)
+                .await
+            {
                 Ok(more) => all.extend(more),
                 // The job handed over is this connection's all the same.
                 Err(e) => tracing::debug!(error = %e, "the rest of a batch could not be reserved"),

@@ -10,15 +10,14 @@ OPS.release = function(owner, id, pri, delay)
   delay = tonumber(delay)
   unlink(key, job)
   job[PRI], job[OWNER] = tonumber(pri), ''
-  if delay > 0 and not out_of_tries(job) then
-    job[DELAY], job[RELEASES] = delay, job[RELEASES] + 1
-    link(key, job, 'delayed', from_now(delay))
-    return { job[TUBE], delay }
-  end
   if out_of_tries(job) then
     bury_dead(key, job)
     return { job[TUBE], -1 }
   end
-  job[DELAY], job[RELEASES] = 0, job[RELEASES] + 1
+  job[DELAY], job[RELEASES] = delay, job[RELEASES] + 1
+  if delay > 0 then
+    link(key, job, 'delayed', from_now(delay))
+    return { job[TUBE], delay }
+  end
   return { job[TUBE], come_back(key, job) }
 end

@@ -318,20 +318,12 @@ impl State {
         Ok(())
     }
 
-    /// Buries a job for having used up its tries, as `change` does, with
-    /// `counted` noting what else happened.
-    fn bury_dead(
-        &mut self,
-        slot: Slot,
-        pri: u32,
-        log: &mut impl Journal,
-        counted: impl Fn(&mut JobCounters),
-    ) -> StoreResult<()> {
+    /// Buries a job for having used up its tries, as `change` does.
+    fn bury_dead(&mut self, slot: Slot, pri: u32, log: &mut impl Journal) -> StoreResult<()> {
         let seq = self.bury_seq + 1;
         self.change(slot, St::Buried { seq }, NO_CONN, log, |m| {
             m.pri = pri;
             m.counters.buries += 1;
-            counted(&mut m.counters);
             m.round.dead = true;
         })?;
         self.bury_seq = seq;
@@ -363,7 +355,7 @@ impl State {
         }
         let job = &self.jobs[slot];
         if out_of_tries(&options, tries) {
-            self.bury_dead(slot, pri, log, |_| ())?;
+            self.bury_dead(slot, pri, log)?;
             return Ok(Some(Released {
                 tube,
                 buried: true,
