@@ -25,6 +25,8 @@
 //!   sleeps until the next due time, so nothing polls.
 //! * [`store`] is the storage interface of whole, atomic transitions, with
 //!   its engines; it imports nothing from the front ends.
+//! * [`schedule`] is the periodic jobs' domain: when a schedule fires, and
+//!   the id of each firing.
 //! * [`clock`] is the embedded engine's time; [`config`] the flags.
 
 #![deny(missing_docs)]
@@ -37,5 +39,6 @@ pub mod job;
 pub mod names;
 pub mod protocol;
 pub mod rules;
+pub mod schedule;
 pub mod server;
 pub mod store;

@@ -59,6 +59,11 @@ pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, cont
         let shutdown = control.shutdown.clone();
         tracker.spawn(async move { shared.broker.run_events(shutdown).await });
     }
+    {
+        let shared = shared.clone();
+        let shutdown = control.shutdown.clone();
+        tracker.spawn(async move { shared.broker.run_schedules(shutdown).await });
+    }
     let next_conn = AtomicU64::new(0);
     let room = Arc::new(Semaphore::new(
         shared.config.max_connections.min(Semaphore::MAX_PERMITS),

@@ -10,7 +10,9 @@
 //!   jobs to the connections blocked in `reserve` (`waiters.rs`);
 //! * every transition that creates a due time (a delay, a TTR, a pause) tells
 //!   the timer (`timer.rs`), which sleeps until the earliest one; nothing
-//!   polls (`run.rs` runs the timer and the events of a shared engine).
+//!   polls (`run.rs` runs the timer and the events of a shared engine);
+//! * the schedules are fired by a task of their own (`schedules.rs`), which
+//!   puts each moment's job through the same door.
 //!
 //! The rules every engine follows alike (the TTR floor) are applied here too.
 
@@ -21,6 +23,7 @@ use tokio::sync::oneshot;
 
 mod handout;
 mod run;
+pub mod schedules;
 pub mod timer;
 mod waiters;
 
@@ -46,6 +49,8 @@ pub struct Broker<S> {
     serving: tokio::sync::Mutex<()>,
     passes: std::sync::Mutex<Passes>,
     alarm: Alarm,
+    /// Wakes the schedules' task to read them again: they changed.
+    reschedule: tokio::sync::Notify,
 }
 
 impl<S: Store> Broker<S> {
@@ -57,6 +62,7 @@ impl<S: Store> Broker<S> {
             serving: tokio::sync::Mutex::new(()),
             passes: std::sync::Mutex::new(Passes::default()),
             alarm: Alarm::new(),
+            reschedule: tokio::sync::Notify::new(),
         }
     }
 

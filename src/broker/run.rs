@@ -28,7 +28,11 @@ impl<S: Store> Broker<S> {
             match event {
                 Some(StoreEvent::Ready(tube)) => self.serve(&[tube]).await,
                 Some(StoreEvent::Due(after)) => self.alarm.schedule(after),
-                Some(StoreEvent::Resync) => self.serve(&self.waiters.tubes()).await,
+                Some(StoreEvent::Resync) => {
+                    self.reschedule.notify_one();
+                    self.serve(&self.waiters.tubes()).await;
+                }
+                Some(StoreEvent::Schedules) => self.reschedule.notify_one(),
                 None => return,
             }
         }

@@ -11,7 +11,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
 use super::ClientError;
-use super::command::{Command, Line, MAX_BATCH_LINE, PutHeader, is_batch_line, parse_line};
+use super::command::{Command, Header, Line, MAX_BATCH_LINE, is_batch_line, parse_line};
 use super::json;
 use super::reply::{Mode, Response};
 
@@ -69,8 +69,8 @@ enum State {
     Line { scanned: usize },
     /// A line was too long: drop bytes through the next `\n`.
     Discard,
-    /// A `put` line was read; its body and CRLF come next.
-    Body(PutHeader),
+    /// A `put` or `schedule` line was read; its body and CRLF come next.
+    Body(Header),
     /// A body too big to keep: drop `left` more bytes, then say so.
     Skip { left: u64 },
 }
@@ -143,13 +143,13 @@ impl Decoder for Codec {
                     match parse_line(line) {
                         Ok(Line::Command(cmd)) => return Ok(Codec::text(Ok(cmd))),
                         Err(e) => return Ok(Codec::text(Err(e))),
-                        Ok(Line::Put(header)) => {
-                            if header.bytes > self.limits.max_job_size as u64 {
+                        Ok(Line::Body(header)) => {
+                            if header.bytes() > self.limits.max_job_size as u64 {
                                 self.state = State::Skip {
-                                    left: header.bytes.saturating_add(2),
+                                    left: header.bytes().saturating_add(2),
                                 };
                             } else {
-                                buf.reserve(header.bytes as usize + 2);
+                                buf.reserve(header.bytes() as usize + 2);
                                 self.state = State::Body(header);
                             }
                         }
@@ -176,7 +176,7 @@ impl Decoder for Codec {
                     return Ok(Codec::text(Err(ClientError::JobTooBig)));
                 }
                 State::Body(header) => {
-                    let len = header.bytes as usize;
+                    let len = header.bytes() as usize;
                     if buf.len() < len + 2 {
                         return Ok(None);
                     }

@@ -12,6 +12,7 @@ use super::options;
 use crate::job::Lifecycle;
 use crate::names::{JobId, Tube, client_id, parse_u32, parse_u64};
 use crate::rules::MAX_BATCH;
+use crate::schedule::{When, valid_name};
 
 /// One parsed command, with every argument validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,8 +120,73 @@ pub enum Command {
     TubeSet(Tube, Lifecycle),
     /// `tube-settings <tube>` (extension).
     TubeSettings(Tube),
+    /// `schedule ...` (extension), or JSON `schedule`: register or replace
+    /// a periodic job.
+    Schedule(Box<NewSchedule>),
+    /// `unschedule <name>` (extension), or JSON `unschedule`.
+    Unschedule(Arc<str>),
+    /// `list-schedules` (extension), or JSON `schedules`.
+    ListSchedules,
     /// `quit`.
     Quit,
+}
+
+/// A schedule as a client registers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSchedule {
+    /// Its name.
+    pub name: Arc<str>,
+    /// Where its jobs go.
+    pub tube: Tube,
+    /// Their priority.
+    pub pri: u32,
+    /// Their time to run, in seconds.
+    pub ttr: u32,
+    /// When it fires.
+    pub when: When,
+    /// Their body.
+    pub body: Bytes,
+}
+
+/// The header of a `schedule` line: the body follows on the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleHeader {
+    /// Length of the body that follows, without its CRLF.
+    pub bytes: u64,
+    /// The rest, or why it was refused: the reply waits until the body has
+    /// been read, so that it is not taken for a command.
+    pub parts: Result<NewSchedule, ClientError>,
+}
+
+/// A command line whose body follows on the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Header {
+    /// `put`.
+    Put(PutHeader),
+    /// `schedule`.
+    Schedule(ScheduleHeader),
+}
+
+impl Header {
+    /// Length of the body that follows, without its CRLF.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Header::Put(h) => h.bytes,
+            Header::Schedule(h) => h.bytes,
+        }
+    }
+
+    /// Completes the command once the body has been read.
+    pub fn with_body(self, body: Bytes) -> Result<Command, ClientError> {
+        match self {
+            Header::Put(h) => h.with_body(body),
+            Header::Schedule(h) => {
+                let mut parts = h.parts?;
+                parts.body = body;
+                Ok(Command::Schedule(Box::new(parts)))
+            }
+        }
+    }
 }
 
 /// The header of a `put` line: the body follows on the wire.
@@ -161,8 +227,8 @@ impl PutHeader {
 pub enum Line {
     /// A complete command.
     Command(Command),
-    /// A `put` line; its body comes next.
-    Put(PutHeader),
+    /// A `put` or `schedule` line; its body comes next.
+    Body(Header),
 }
 
 /// Parses one command line (without its line ending).
@@ -219,6 +285,8 @@ const WITH_ARGS: &[&[u8]] = &[
     b"reserve-batch",
     b"delete-batch",
     b"finish-batch",
+    b"schedule",
+    b"unschedule",
 ];
 
 /// Commands recognised by prefix, longest first so that `list-tubes-watched`
@@ -229,6 +297,7 @@ const BARE: &[(&[u8], Option<Command>)] = &[
     (b"list-tubes-watched", Some(Command::ListTubesWatched)),
     (b"list-tube-used", Some(Command::ListTubeUsed)),
     (b"list-tubes", Some(Command::ListTubes)),
+    (b"list-schedules", Some(Command::ListSchedules)),
     (b"peek-delayed", Some(Command::PeekDelayed)),
     (b"peek-buried", Some(Command::PeekBuried)),
     (b"peek-ready", Some(Command::PeekReady)),
@@ -255,7 +324,7 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
             if opts.iter().any(|o| !o.contains(&b'=')) {
                 return Err(ClientError::BadFormat);
             }
-            return Ok(Line::Put(PutHeader {
+            return Ok(Line::Body(Header::Put(PutHeader {
                 pri: num32(pri)?,
                 delay: num32(delay)?,
                 ttr: num32(ttr)?,
@@ -265,8 +334,16 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
                     None => None,
                 },
                 life: options::parse_job(opts),
-            }));
+            })));
         }
+        (b"schedule", [name, tube, pri, ttr, bytes, when @ ..]) => {
+            let bytes = parse_u64(bytes).ok_or(ClientError::BadFormat)?;
+            return Ok(Line::Body(Header::Schedule(ScheduleHeader {
+                bytes,
+                parts: schedule_parts(name, tube, pri, ttr, when),
+            })));
+        }
+        (b"unschedule", [name]) => Command::Unschedule(schedule_name(name)?),
         (b"use", [tube]) => Command::Use(tube_arg(tube)?),
         (b"reserve-with-timeout", [secs]) => Command::Reserve {
             timeout: Some(num32(secs)?),
@@ -314,6 +391,58 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
     Ok(Line::Command(cmd))
 }
 
+/// A `schedule` line's words after its length: `every <duration>` or
+/// `cron <zone> <expression...>`.
+fn schedule_parts(
+    name: &[u8],
+    tube: &[u8],
+    pri: &[u8],
+    ttr: &[u8],
+    when: &[&[u8]],
+) -> Result<NewSchedule, ClientError> {
+    let when = match when {
+        [b"every", period] => {
+            let period =
+                options::duration_any(period).ok_or(ClientError::BadSchedule("bad-interval"))?;
+            When::every(period)
+        }
+        [b"cron", zone, expr @ ..] if !expr.is_empty() => {
+            let text = |raw: &[u8]| String::from_utf8(raw.to_vec()).ok();
+            let zone = text(zone).ok_or(ClientError::BadSchedule("bad-zone"))?;
+            let expr = text(&expr.join(&b' ')).ok_or(ClientError::BadSchedule("bad-cron"))?;
+            When::cron(&zone, &expr, wall_ms())
+        }
+        _ => return Err(ClientError::BadFormat),
+    }
+    .map_err(ClientError::BadSchedule)?;
+    Ok(NewSchedule {
+        name: schedule_name(name)?,
+        tube: tube_arg(tube)?,
+        pri: num32(pri)?,
+        ttr: num32(ttr)?,
+        when,
+        body: Bytes::new(),
+    })
+}
+
+/// A schedule's name: a tube name's characters, short enough for the ids
+/// of its firings.
+pub fn schedule_name(raw: &[u8]) -> Result<Arc<str>, ClientError> {
+    if !valid_name(raw) {
+        return Err(ClientError::BadFormat);
+    }
+    std::str::from_utf8(raw)
+        .map(Arc::from)
+        .map_err(|_| ClientError::BadFormat)
+}
+
+/// Milliseconds since the epoch, by the wall clock.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A batch's size: 1 to [`MAX_BATCH`].
 pub fn batch_size(raw: &[u8]) -> Result<usize, ClientError> {
     parse_u64(raw)
@@ -353,27 +482,28 @@ mod tests {
 
     #[test]
     fn put_header_with_and_without_id() {
-        let Ok(Line::Put(h)) = cmd("put 1 2 3 4") else {
+        let Ok(Line::Body(Header::Put(h))) = cmd("put 1 2 3 4") else {
             panic!("not a put")
         };
         assert_eq!((h.pri, h.delay, h.ttr, h.bytes, h.id), (1, 2, 3, 4, None));
-        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 order-close:4711") else {
+        let Ok(Line::Body(Header::Put(h))) = cmd("put 0 0 60 5 order-close:4711") else {
             panic!("not a put")
         };
         assert_eq!(h.id.as_deref(), Some("order-close:4711"));
         assert_eq!(cmd("put 0 0 60 5 4711"), Err(ClientError::BadFormat));
         assert_eq!(cmd("put 0 0 60 5 a b"), Err(ClientError::BadFormat));
-        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 refund:88 tries=5 backoff=exp:10s") else {
+        let Ok(Line::Body(Header::Put(h))) = cmd("put 0 0 60 5 refund:88 tries=5 backoff=exp:10s")
+        else {
             panic!("not a put")
         };
         assert_eq!(h.id.as_deref(), Some("refund:88"));
         assert_eq!(h.life.map(|l| l.tries), Ok(Some(5)));
-        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 tries=5") else {
+        let Ok(Line::Body(Header::Put(h))) = cmd("put 0 0 60 5 tries=5") else {
             panic!("not a put")
         };
         assert_eq!((h.id, h.life.map(|l| l.tries)), (None, Ok(Some(5))));
         // A bad option is refused once the body is read, not at the line.
-        let Ok(Line::Put(h)) = cmd("put 0 0 60 5 tries=0") else {
+        let Ok(Line::Body(Header::Put(h))) = cmd("put 0 0 60 5 tries=0") else {
             panic!("not a put")
         };
         assert_eq!(h.life, Err(ClientError::BadOption));

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use super::command::Command;
+use super::ClientError;
+use super::command::{Command, wall_ms};
 use super::failure::failed;
 use super::options;
 use super::reply::Reply;
@@ -15,6 +16,7 @@ use super::stats::{render_job, render_tube, render_tubes};
 use crate::error::StoreResult;
 use crate::job::PutOutcome;
 use crate::names::Tube;
+use crate::schedule::Schedule;
 use crate::store::{Store, TubeRef};
 
 impl<S: Store> Session<S> {
@@ -165,6 +167,27 @@ impl<S: Store> Session<S> {
                 options::yaml(&broker.tube_settings(&tube).await?, &mut doc);
                 Reply::Yaml(doc)
             }
+            Command::Schedule(new) => {
+                let since = wall_ms();
+                let schedule = Schedule {
+                    name: new.name,
+                    when: new.when,
+                    tube: new.tube,
+                    pri: new.pri,
+                    ttr: secs(new.ttr),
+                    body: new.body,
+                    since,
+                };
+                match schedule.when.next_after(since) {
+                    Some(first) if broker.set_schedule(&schedule).await? => Reply::Scheduled(first),
+                    Some(_) => Reply::Client(ClientError::BadSchedule("too-many")),
+                    None => Reply::Client(ClientError::BadSchedule("never-fires")),
+                }
+            }
+            Command::Unschedule(name) => {
+                found(broker.remove_schedule(&name).await?, Reply::Unscheduled)
+            }
+            Command::ListSchedules => Reply::Schedules(broker.schedules().await?, wall_ms()),
             Command::Quit => return Ok(Outcome::Quit),
         };
         Ok(Outcome::Reply(reply))

@@ -2,17 +2,22 @@
 //! JSON object, mapped onto the same [`Command`] values as the text protocol.
 //!
 //! Commands: `add`, `pop`, `finish`, `delete` (the last three also by the
-//! batch: `count`, `ids`). Ids travel as JSON strings.
+//! batch: `count`, `ids`), and `schedule`, `unschedule`, `schedules`. Ids
+//! travel as JSON strings.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::ClientError;
-use super::command::{Command, batch_size};
+use super::command::{Command, NewSchedule, batch_size, schedule_name, wall_ms};
 use super::options;
 use crate::job::Lifecycle;
 use crate::names::{JobId, Tube, client_id};
 use crate::rules::MAX_BATCH;
+use crate::schedule::When;
 
 /// Priority of an `add` that gives none (beanstalkd clients' usual default).
 pub const DEFAULT_PRIORITY: u32 = 1024;
@@ -85,7 +90,59 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
                 Command::Delete(id)
             })
         }
+        "schedule" => {
+            let body = match obj.get("body") {
+                Some(Value::String(s)) => s.as_bytes(),
+                None | Some(Value::Null) => b"",
+                _ => return Err(ClientError::BadFormat),
+            };
+            if body.len() > max_job_size {
+                return Err(ClientError::JobTooBig);
+            }
+            let when = match (obj.get("every"), obj.get("cron")) {
+                (Some(every), None) => {
+                    let period = match every {
+                        Value::String(s) => options::duration_any(s.as_bytes()),
+                        Value::Number(n) => n
+                            .to_string()
+                            .parse()
+                            .ok()
+                            .and_then(|n: u64| n.checked_mul(1000).map(Duration::from_millis)),
+                        _ => None,
+                    };
+                    When::every(period.ok_or(ClientError::BadSchedule("bad-interval"))?)
+                }
+                (None, Some(Value::String(expr))) => {
+                    let zone = match obj.get("zone") {
+                        None | Some(Value::Null) => "UTC",
+                        Some(Value::String(z)) => z.as_str(),
+                        Some(_) => return Err(ClientError::BadSchedule("bad-zone")),
+                    };
+                    When::cron(zone, expr, wall_ms())
+                }
+                _ => return Err(ClientError::BadFormat),
+            }
+            .map_err(ClientError::BadSchedule)?;
+            Ok(Command::Schedule(Box::new(NewSchedule {
+                name: name_of(&obj)?,
+                tube: topic(&obj)?,
+                pri: seconds(&obj, "priority")?.unwrap_or(DEFAULT_PRIORITY),
+                ttr: seconds(&obj, "ttr")?.unwrap_or(DEFAULT_TTR),
+                when,
+                body: Bytes::copy_from_slice(body),
+            })))
+        }
+        "unschedule" => Ok(Command::Unschedule(name_of(&obj)?)),
+        "schedules" => Ok(Command::ListSchedules),
         _ => Err(ClientError::UnknownCommand),
+    }
+}
+
+/// A schedule's `name`.
+fn name_of(obj: &Map<String, Value>) -> Result<Arc<str>, ClientError> {
+    match obj.get("name") {
+        Some(Value::String(s)) => schedule_name(s.as_bytes()),
+        _ => Err(ClientError::BadFormat),
     }
 }
 

@@ -45,4 +45,7 @@ pub enum ClientError {
     JobTooBig,
     /// An option is unknown, given twice, or out of range.
     BadOption,
+    /// A schedule that cannot be kept, and why (one word: `bad-cron`,
+    /// `bad-zone`, `bad-interval`, `too-often`, `never-fires`, `too-many`).
+    BadSchedule(&'static str),
 }

@@ -65,6 +65,12 @@ pub fn duration(raw: &[u8]) -> Option<Duration> {
     duration_up_to(raw, MAX_OPTION_TIME)
 }
 
+/// A duration as [`duration`] reads it, however long (a schedule's
+/// interval, whose own bounds are checked where it is made).
+pub fn duration_any(raw: &[u8]) -> Option<Duration> {
+    duration_up_to(raw, Duration::MAX)
+}
+
 /// A duration as [`duration`] reads it, from 1 ms to `max`.
 fn duration_up_to(raw: &[u8], max: Duration) -> Option<Duration> {
     let digits = raw.iter().take_while(|b| b.is_ascii_digit()).count();

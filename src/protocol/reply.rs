@@ -3,14 +3,17 @@
 //! A [`Reply`] is the same whichever protocol asked; [`Response`] pairs it with
 //! the mode of the request so the encoder writes a text line or a JSON object.
 
+use std::fmt::Write as _;
 use std::io::Write;
 
 use bytes::{BufMut, BytesMut};
 use serde_json::json;
 
 use super::ClientError;
+use super::options::show_duration;
 use crate::job::JobBody;
 use crate::names::{JobId, Tube};
+use crate::schedule::{Schedule, When, show_moment};
 
 /// Which protocol a request came in, and so which one its reply goes out in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +78,14 @@ pub enum Reply {
     Paused,
     /// `SET`: a tube's settings were set (extension).
     Set,
+    /// `SCHEDULED <moment>`: a schedule was registered; it fires first at
+    /// that moment (extension).
+    Scheduled(u64),
+    /// `UNSCHEDULED`: a schedule was removed (extension).
+    Unscheduled,
+    /// `OK <bytes>` and a YAML list of the schedules, or in JSON their
+    /// array; with the time they were listed at (extension).
+    Schedules(Vec<Schedule>, u64),
     /// `DRAINING`: the server takes no new jobs.
     Draining,
     /// `OUT_OF_MEMORY`.
@@ -125,7 +136,11 @@ impl Reply {
             Reply::Client(ClientError::ExpectedCrlf) => "EXPECTED_CRLF",
             Reply::Client(ClientError::JobTooBig) => "JOB_TOO_BIG",
             Reply::Client(ClientError::BadOption) => "BAD_OPTION",
+            Reply::Client(ClientError::BadSchedule(_)) => "BAD_SCHEDULE",
             Reply::Set => "SET",
+            Reply::Scheduled(_) => "SCHEDULED",
+            Reply::Unscheduled => "UNSCHEDULED",
+            Reply::Schedules(..) => "OK",
         }
     }
 
@@ -145,6 +160,16 @@ impl Reply {
                 }
             }
             Reply::Removed { count, .. } => line(dst, format_args!("{word} {count}")),
+            Reply::Scheduled(at) => line(dst, format_args!("{word} {}", show_moment(*at))),
+            Reply::Client(ClientError::BadSchedule(why)) => {
+                line(dst, format_args!("{word} {why}"));
+            }
+            Reply::Schedules(all, now) => {
+                let doc = schedules_yaml(all, *now);
+                line(dst, format_args!("{word} {}", doc.len()));
+                dst.put_slice(doc.as_bytes());
+                dst.put_slice(b"\r\n");
+            }
             Reply::Yaml(doc) => {
                 line(dst, format_args!("{word} {}", doc.len()));
                 dst.put_slice(doc.as_bytes());
@@ -178,6 +203,15 @@ impl Reply {
                 "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
             }),
             Reply::Removed { count, .. } => json!({"success": true, "count": count}),
+            Reply::Scheduled(at) => json!({"success": true, "next": show_moment(*at)}),
+            Reply::Unscheduled => json!({"success": true}),
+            Reply::Schedules(all, now) => json!({
+                "success": true,
+                "schedules": all.iter().map(|s| schedule_json(s, *now)).collect::<Vec<_>>(),
+            }),
+            Reply::Client(ClientError::BadSchedule(why)) => {
+                json!({"success": false, "error": self.word(), "reason": why})
+            }
             Reply::Exists(id) => {
                 json!({"success": false, "error": self.word(), "id": id.to_string()})
             }
@@ -207,6 +241,59 @@ fn job_json(job: &JobBody) -> serde_json::Value {
         // U+FFFD in place of the invalid bytes (see protocol.md).
         "value": String::from_utf8_lossy(&job.body),
     })
+}
+
+/// The schedules as `list-schedules` shows them: a YAML list of maps.
+fn schedules_yaml(all: &[Schedule], now: u64) -> String {
+    let mut doc = String::from("---\n");
+    for s in all {
+        let _ = writeln!(doc, "- name: {}", s.name);
+        let _ = writeln!(doc, "  tube: {}", s.tube);
+        let _ = writeln!(doc, "  pri: {}", s.pri);
+        let _ = writeln!(doc, "  ttr: {}", s.ttr.as_secs());
+        match &s.when {
+            When::Every(p) => {
+                let _ = writeln!(doc, "  every: {}", show_duration(*p));
+            }
+            When::Cron { expr, zone, .. } => {
+                // Quoted: a cron expression may start with `*` or `@`,
+                // which YAML reads otherwise; a JSON string is a YAML one.
+                let _ = writeln!(doc, "  cron: {}", json!(&**expr));
+                let _ = writeln!(doc, "  zone: {}", zone.name());
+            }
+        }
+        if let Some(next) = s.when.next_after(now) {
+            let _ = writeln!(doc, "  next: {}", show_moment(next));
+        }
+        let _ = writeln!(doc, "  registered: {}", show_moment(s.since));
+        let _ = writeln!(doc, "  body-bytes: {}", s.body.len());
+    }
+    doc
+}
+
+/// A schedule as JSON `schedules` gives it.
+fn schedule_json(s: &Schedule, now: u64) -> serde_json::Value {
+    let mut v = json!({
+        "name": &*s.name,
+        "topic": s.tube.as_str(),
+        "priority": s.pri,
+        "ttr": s.ttr.as_secs(),
+        "next": s.when.next_after(now).map(show_moment),
+        "registered": show_moment(s.since),
+        "body": String::from_utf8_lossy(&s.body),
+    });
+    if let Some(fields) = v.as_object_mut() {
+        match &s.when {
+            When::Every(p) => {
+                fields.insert("every".into(), json!(show_duration(*p)));
+            }
+            When::Cron { expr, zone, .. } => {
+                fields.insert("cron".into(), json!(&**expr));
+                fields.insert("zone".into(), json!(zone.name()));
+            }
+        }
+    }
+    v
 }
 
 fn line(dst: &mut BytesMut, args: std::fmt::Arguments<'_>) {

@@ -111,7 +111,12 @@ impl Cmd {
             Command::PauseTube(..) => Cmd::PauseTube,
             // Extensions without a beanstalkd counter, so that `stats`
             // stays beanstalkd's document.
-            Command::TubeSet(..) | Command::TubeSettings(_) | Command::Quit => return None,
+            Command::TubeSet(..)
+            | Command::TubeSettings(_)
+            | Command::Schedule(_)
+            | Command::Unschedule(_)
+            | Command::ListSchedules
+            | Command::Quit => return None,
         })
     }
 }

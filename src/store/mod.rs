@@ -13,6 +13,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::error::StoreResult;
 use crate::job::{
     JobBody, JobStats, Lifecycle, NewJob, Put, Released, Reserved, StoreStats, TubeStats,
@@ -54,8 +56,10 @@ pub enum StoreEvent {
     /// any it knew of: the timer must wake by then.
     Due(Duration),
     /// Events may have been missed (the engine reconnected): serve every
-    /// tube that has waiting connections.
+    /// tube that has waiting connections, and read the schedules again.
     Resync,
+    /// Another process registered or removed a schedule.
+    Schedules,
 }
 
 /// A storage engine. Every method is atomic on its own.
@@ -191,6 +195,23 @@ pub trait Store: Send + Sync + 'static {
 
     /// A tube's settings.
     fn tube_settings(&self, tube: &Tube) -> impl Future<Output = StoreResult<Lifecycle>> + Send;
+
+    /// Registers or replaces the schedule `name`, kept as `encoded` (what
+    /// [`crate::schedule::Schedule::encode`] made); refused (`false`) if it
+    /// is new and the store has [`crate::schedule::MAX_SCHEDULES`] already.
+    /// A shared engine tells the other processes
+    /// ([`StoreEvent::Schedules`]).
+    fn set_schedule(
+        &self,
+        name: &str,
+        encoded: Bytes,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Removes a schedule; returns whether there was one.
+    fn remove_schedule(&self, name: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Every schedule, encoded, in the order of their names.
+    fn schedules(&self) -> impl Future<Output = StoreResult<Vec<Bytes>>> + Send;
 
     /// Returns every job `conn` has reserved to ready (it disconnected).
     /// `held` lists the jobs the connection believes it holds: an engine that

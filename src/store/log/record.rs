@@ -53,6 +53,8 @@ const META_LIFE: u8 = 8;
 const SETTINGS: u8 = 9;
 /// A gone job's client id, taken until a time.
 const TAKEN: u8 = 10;
+/// A schedule: its name and what the stores keep of it (none: removed).
+const SCHEDULE: u8 = 11;
 
 /// The most bytes a round takes: its start and the dead flag.
 const ROUND_MAX: usize = 5 + 1;
@@ -145,6 +147,9 @@ pub fn encoded_len(record: &Record<'_>) -> usize {
             Record::Pause { tube, .. } => 1 + tube.len() + 16,
             Record::Settings { tube, options } => 1 + tube.len() + options_len(options),
             Record::Taken { name, .. } => 1 + name.len() + 8,
+            Record::Schedule { name, encoded } => {
+                1 + name.len() + varint_len(encoded.len() as u64) + encoded.len()
+            }
             Record::Sequences { .. } => 16,
         }
 }
@@ -261,6 +266,12 @@ pub fn encode(out: &mut Vec<u8>, seq: u64, stamp: u64, record: &Record<'_>) {
             out.push(TAKEN);
             put_short(out, name.as_bytes());
             out.extend_from_slice(&until.to_le_bytes());
+        }
+        Record::Schedule { name, encoded } => {
+            out.push(SCHEDULE);
+            put_short(out, name.as_bytes());
+            put_varint(out, encoded.len() as u64);
+            out.extend_from_slice(encoded);
         }
         Record::Delete(key) => {
             out.push(DELETE);
@@ -434,6 +445,14 @@ pub fn decode(bytes: &[u8], version: u32) -> Result<Frame<'_>, Bad> {
             name: r.text()?,
             until: r.u64()?,
         }),
+        SCHEDULE => {
+            let name = r.text()?;
+            let len = usize::try_from(r.number32()?).map_err(|_| Bad::Malformed)?;
+            Item::Record(Record::Schedule {
+                name,
+                encoded: r.take(len)?,
+            })
+        }
         DELETE => Item::Record(Record::Delete(r.number()?)),
         PAUSE => Item::Record(Record::Pause {
             tube: r.text()?,
@@ -686,6 +705,14 @@ mod tests {
             Record::Taken {
                 name: "order-close:4711",
                 until: 1_700_000_000_000_000,
+            },
+            Record::Schedule {
+                name: "nightly-report",
+                encoded: b"1\nnightly-report\n\0\r\n",
+            },
+            Record::Schedule {
+                name: "nightly-report",
+                encoded: b"",
             },
             Record::Settings {
                 tube: "refunds",

@@ -105,6 +105,13 @@ pub enum Record<'a> {
         /// Until when.
         until: Micros,
     },
+    /// A schedule as the stores keep it (empty: removed).
+    Schedule {
+        /// Its name.
+        name: &'a str,
+        /// What [`crate::schedule::Schedule::encode`] made of it.
+        encoded: &'a [u8],
+    },
     /// A tube's settings, as they are now (none set: cleared).
     Settings {
         /// The tube.

@@ -17,6 +17,8 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 pub mod journal;
 pub mod replay;
 mod state;
@@ -258,6 +260,20 @@ impl<L: Log> Store for MemoryStore<L> {
 
     async fn tube_settings(&self, tube: &Tube) -> StoreResult<Lifecycle> {
         self.read(|st, _| st.tube_settings(tube))
+    }
+
+    async fn set_schedule(&self, name: &str, encoded: Bytes) -> StoreResult<bool> {
+        self.change(WhenSafe, |st, _, log| st.set_schedule(name, &encoded, log))
+            .await
+    }
+
+    async fn remove_schedule(&self, name: &str) -> StoreResult<bool> {
+        self.change(WhenSafe, |st, _, log| st.remove_schedule(name, log))
+            .await
+    }
+
+    async fn schedules(&self) -> StoreResult<Vec<Bytes>> {
+        self.read(|st, _| st.schedules())
     }
 
     async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {

@@ -76,6 +76,7 @@ impl State {
                 };
                 self.keep_settings(tube, options);
             }
+            Record::Schedule { name, encoded } => self.keep_schedule(name, encoded),
             Record::Sequences { next_key, bury_seq } => {
                 self.next_key = self.next_key.max(next_key);
                 self.bury_seq = self.bury_seq.max(bury_seq);
@@ -223,6 +224,9 @@ impl State {
                 tube: tube.as_str(),
                 options,
             });
+        }
+        for (name, encoded) in &self.schedules {
+            out(Record::Schedule { name, encoded });
         }
         out(Record::Sequences {
             next_key: self.next_key,

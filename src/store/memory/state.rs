@@ -271,6 +271,9 @@ pub struct State {
     pub(super) bury_seq: u64,
     /// Tubes' settings, kept whether or not the tube exists.
     pub(super) settings: HashMap<Tube, Lifecycle>,
+    /// Schedules by name, as [`crate::schedule::Schedule::encode`] made
+    /// them: the engine keeps them, the broker fires them.
+    pub(super) schedules: BTreeMap<Arc<str>, Bytes>,
     pub(super) total_jobs: u64,
     pub(super) timeouts: u64,
 }
@@ -303,6 +306,7 @@ impl State {
             limited: BTreeSet::new(),
             bury_seq: 0,
             settings: HashMap::new(),
+            schedules: BTreeMap::new(),
             total_jobs: 0,
             timeouts: 0,
         }

@@ -16,6 +16,7 @@ use crate::error::StoreResult;
 use crate::job::{JobCounters, Lifecycle, NewJob, Put, PutOutcome, Released, Reserved};
 use crate::names::{JobId, Tube};
 use crate::rules::{KickFrom, backoff_wait, kick_from, out_of_tries};
+use crate::schedule::MAX_SCHEDULES;
 use crate::store::{ConnId, Tick, TubeRef};
 
 /// Most due items one tick moves, so one pass never holds the lock for long.
@@ -663,6 +664,47 @@ impl State {
         } else {
             self.settings.insert(tube, options);
         }
+    }
+
+    /// Registers or replaces a schedule; refused (`false`) if it is new and
+    /// the store has [`MAX_SCHEDULES`] already.
+    pub fn set_schedule(
+        &mut self,
+        name: &str,
+        encoded: &[u8],
+        log: &mut impl Journal,
+    ) -> StoreResult<bool> {
+        if self.schedules.len() >= MAX_SCHEDULES && !self.schedules.contains_key(name) {
+            return Ok(false);
+        }
+        log.keep(Record::Schedule { name, encoded })?;
+        self.keep_schedule(name, encoded);
+        Ok(true)
+    }
+
+    /// Removes a schedule; returns whether there was one.
+    pub fn remove_schedule(&mut self, name: &str, log: &mut impl Journal) -> StoreResult<bool> {
+        if !self.schedules.contains_key(name) {
+            return Ok(false);
+        }
+        log.keep(Record::Schedule { name, encoded: &[] })?;
+        self.keep_schedule(name, &[]);
+        Ok(true)
+    }
+
+    /// Keeps a schedule (empty: forgets it).
+    pub(super) fn keep_schedule(&mut self, name: &str, encoded: &[u8]) {
+        if encoded.is_empty() {
+            self.schedules.remove(name);
+        } else {
+            let encoded = bytes::Bytes::copy_from_slice(encoded);
+            self.schedules.insert(std::sync::Arc::from(name), encoded);
+        }
+    }
+
+    /// Every schedule, by name.
+    pub fn schedules(&self) -> Vec<bytes::Bytes> {
+        self.schedules.values().cloned().collect()
     }
 
     /// Keeps a gone job's client id taken until `until` (a later window

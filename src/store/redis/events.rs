@@ -38,8 +38,12 @@ impl Source {
 /// How often the listener retries while Redis is unreachable.
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 
-/// What one message on the channel means: `due:MS` or a tube's name.
+/// What one message on the channel means: `due:MS`, `schedules:` or a
+/// tube's name (which has no colon).
 fn event(payload: &[u8]) -> Option<StoreEvent> {
+    if payload == b"schedules:" {
+        return Some(StoreEvent::Schedules);
+    }
     match payload.strip_prefix(b"due:") {
         Some(ms) => parse_u64(ms).map(|ms| StoreEvent::Due(Duration::from_millis(ms))),
         None => Tube::parse(payload).map(StoreEvent::Ready),
@@ -150,9 +154,17 @@ pub(super) async fn listen_shards(
                         if let Some((at, t, first)) = head(payload) {
                             sharding.head(shard, at, &t, Some(first));
                             let _ = tx.send(StoreEvent::Ready(t)).await;
-                        } else if let Some(StoreEvent::Due(after)) = event(payload) {
-                            sharding.due_at(shard, Instant::now() + after);
-                            let _ = tx.send(StoreEvent::Due(after)).await;
+                        } else {
+                            match event(payload) {
+                                Some(StoreEvent::Due(after)) => {
+                                    sharding.due_at(shard, Instant::now() + after);
+                                    let _ = tx.send(StoreEvent::Due(after)).await;
+                                }
+                                Some(StoreEvent::Schedules) => {
+                                    let _ = tx.send(StoreEvent::Schedules).await;
+                                }
+                                _ => {}
+                            }
                         }
                     }
                     PushKind::Disconnection => {
@@ -197,6 +209,7 @@ mod tests {
             Some(StoreEvent::Ready(Tube::parse(b"orders").unwrap()))
         );
         assert_eq!(event(b"due:x"), None);
+        assert_eq!(event(b"schedules:"), Some(StoreEvent::Schedules));
         assert_eq!(
             head(b"h 1700000000000001 orders 1024 00000000002a"),
             Some((

@@ -59,6 +59,7 @@ impl Kind {
                 set_tube,
                 reserve_many,
                 delete_many,
+                set_schedule,
             ),
             Kind::Reads => ops!(
                 peek,
@@ -70,7 +71,8 @@ impl Kind {
                 live,
                 pauses,
                 firsts,
-                tube_settings
+                tube_settings,
+                schedules,
             ),
         }
     }

@@ -20,6 +20,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures_util::future::join_all;
 use redis::{FromRedisValue, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -50,6 +51,7 @@ use crate::job::{
     TubeStats,
 };
 use crate::names::{JobId, Tube};
+use crate::schedule::MAX_SCHEDULES;
 
 /// Most jobs one script call moves (a kick, a disconnect), so no call
 /// blocks Redis for long.
@@ -927,6 +929,32 @@ impl Store for RedisStore {
             .op(Kind::Reads, "tube_settings", vec![Arg::Tube(t.clone())])
             .await?;
         decode::decode_options(&parse::<String>(got)?)
+    }
+
+    async fn set_schedule(&self, name: &str, encoded: Bytes) -> StoreResult<bool> {
+        let args = vec![
+            Arg::Text(name.to_string()),
+            Arg::Body(encoded),
+            Arg::Int(MAX_SCHEDULES as u64),
+        ];
+        let n: i64 = parse(self.op_on(0, Kind::Moves, "set_schedule", args).await?)?;
+        Ok(n == 1)
+    }
+
+    async fn remove_schedule(&self, name: &str) -> StoreResult<bool> {
+        let args = vec![
+            Arg::Text(name.to_string()),
+            Arg::Static(""),
+            Arg::Int(MAX_SCHEDULES as u64),
+        ];
+        let n: i64 = parse(self.op_on(0, Kind::Moves, "set_schedule", args).await?)?;
+        Ok(n == 1)
+    }
+
+    async fn schedules(&self) -> StoreResult<Vec<Bytes>> {
+        let got = self.op_on(0, Kind::Reads, "schedules", Vec::new()).await?;
+        let got: Vec<Vec<u8>> = parse(got)?;
+        Ok(got.into_iter().map(Bytes::from).collect())
     }
 
     async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
