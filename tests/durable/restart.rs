@@ -376,3 +376,112 @@ async fn a_ttl_that_runs_out_during_an_outage_expires_after_the_restart() {
     let job = c.reserved("reserve-with-timeout 0").await;
     assert_eq!((job.id, job.body), (long, b"long".to_vec()));
 }
+
+/// The schedules, less what moves with the clock (`next`).
+async fn schedules(c: &mut Client) -> Vec<String> {
+    c.send_line("list-schedules").await;
+    let head = c.line().await;
+    let n: usize = head
+        .strip_prefix("OK ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("list-schedules answered {head}"));
+    let doc = c.read_exact(n + 2).await;
+    String::from_utf8(doc)
+        .expect("YAML is text")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("next:"))
+        .map(String::from)
+        .collect()
+}
+
+/// Schedules are kept like jobs: registered, replaced and removed ones come
+/// back as they were after SIGKILL, also once compaction has moved them
+/// into a snapshot and dropped the log files they were first written to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_survive_sigkill_and_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["-s", "70000"];
+    let mut daemon = Daemon::durable(dir.path(), &args).await;
+    let mut c = daemon.client().await;
+    let body = every_byte();
+    let line = format!(
+        "schedule nightly-report reports 7 600 {} cron Europe/Berlin 0 2 * * MON-FRI",
+        body.len()
+    );
+    c.send(format!("{line}\r\n").as_bytes()).await;
+    c.send(&body).await;
+    c.send(b"\r\n").await;
+    assert!(c.line().await.starts_with("SCHEDULED "));
+    for cmd in [
+        "schedule heartbeat beats 0 60 4 every 1d\r\nbeat\r\n",
+        // Replaced: only the second one counts.
+        "schedule cleanup default 1 30 3 every 1h\r\nold\r\n",
+        "schedule cleanup default 2 40 3 every 2h\r\nnew\r\n",
+        "schedule gone default 0 60 1 every 1h\r\nx\r\n",
+    ] {
+        c.send(cmd.as_bytes()).await;
+        assert!(c.line().await.starts_with("SCHEDULED "), "{cmd}");
+    }
+    assert_eq!(c.cmd("unschedule gone").await, "UNSCHEDULED");
+    let before = schedules(&mut c).await;
+    assert_eq!(
+        before.iter().filter(|l| l.starts_with("- name:")).count(),
+        3,
+        "{before:?}"
+    );
+    assert!(before.contains(&"  every: 2h".to_string()), "{before:?}");
+
+    daemon.kill();
+    let mut daemon = Daemon::durable(dir.path(), &args).await;
+    let mut c = daemon.client().await;
+    assert_eq!(schedules(&mut c).await, before, "after the first SIGKILL");
+
+    // Churn far more than a log file holds, so that compaction writes a
+    // snapshot and the files with the schedules' records go.
+    let first_files = crate::log_files(dir.path());
+    assert!(!first_files.is_empty(), "no log files in {:?}", dir.path());
+    let filler = "f".repeat(700);
+    for _ in 0..20 {
+        let mut puts = String::new();
+        for _ in 0..50 {
+            puts.push_str(&format!("put 0 0 60 {}\r\n{filler}\r\n", filler.len()));
+        }
+        c.send(puts.as_bytes()).await;
+        let mut ids = Vec::new();
+        for _ in 0..50 {
+            ids.push(inserted(&c.line().await));
+        }
+        for id in ids {
+            assert_eq!(c.cmd(&format!("delete {id}")).await, "DELETED");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while crate::log_files(dir.path())
+        .iter()
+        .any(|f| first_files.contains(f))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "compaction never dropped the first log files"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(schedules(&mut c).await, before, "after compaction");
+    daemon.kill();
+    let mut daemon = Daemon::durable(dir.path(), &args).await;
+    let mut c = daemon.client().await;
+    assert_eq!(
+        schedules(&mut c).await,
+        before,
+        "after compaction and SIGKILL"
+    );
+    let all = c.json(&serde_json::json!({"command": "schedules"})).await;
+    let report = &all["schedules"][2];
+    assert_eq!(report["name"], "nightly-report");
+    assert_eq!(report["zone"], "Europe/Berlin");
+    assert_eq!(
+        report["body"].as_str().map(str::len),
+        Some(String::from_utf8_lossy(&body).len())
+    );
+    daemon.kill();
+}
