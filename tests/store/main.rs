@@ -47,5 +47,6 @@ mod put;
 mod release;
 mod reserve;
 mod retries;
+mod schedules;
 mod timer;
 mod tubes;
