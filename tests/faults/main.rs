@@ -34,6 +34,7 @@ mod load;
 mod cluster;
 mod durability;
 mod durable;
+mod rate;
 mod redis_down;
 mod restarts;
 mod timers;
