@@ -13,7 +13,7 @@
 //! The task sleeps until the next moment; a change of the schedules (here,
 //! or announced by another process) wakes it to read them again.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 use super::Broker;
 use crate::error::StoreResult;
 use crate::job::{Lifecycle, NewJob, PutOutcome};
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, now_ms};
 use crate::store::Store;
 
 /// How long before its moment a firing is put.
@@ -34,13 +34,6 @@ const RETRY: Duration = Duration::from_secs(1);
 /// a sleep is measured on a monotonic clock, which a clock step or a
 /// suspended machine leaves behind.
 const MAX_NAP: Duration = Duration::from_secs(600);
-
-/// Milliseconds since the epoch, by the wall clock.
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// A schedule and the next moment this process fires it for.
 struct Planned {
@@ -118,7 +111,7 @@ impl<S: Store> Broker<S> {
             if stale {
                 match self.schedules().await {
                     Ok(all) => {
-                        let now = wall_ms();
+                        let now = now_ms();
                         plan = all
                             .into_iter()
                             .filter_map(|s| Planned::new(s, now))
@@ -158,19 +151,19 @@ impl<S: Store> Broker<S> {
         let lead = LEAD.as_millis() as u64;
         let mut i = 0;
         while i < plan.len() {
-            let now = wall_ms();
+            let now = now_ms();
             if plan[i].moment > now + lead {
                 i += 1;
                 continue;
             }
             self.fire(&plan[i].schedule, plan[i].moment, now).await?;
-            if plan[i].advance(wall_ms()) {
+            if plan[i].advance(now_ms()) {
                 // It may be due again at once (an interval of a second).
                 continue;
             }
             plan.swap_remove(i);
         }
-        let now = wall_ms() + lead;
+        let now = now_ms() + lead;
         let soonest = plan.iter().map(|p| p.moment.saturating_sub(now)).min();
         Ok(soonest.map_or(MAX_NAP, Duration::from_millis))
     }

@@ -12,7 +12,7 @@ use super::options;
 use crate::job::Lifecycle;
 use crate::names::{JobId, Tube, client_id, parse_u32, parse_u64};
 use crate::rules::MAX_BATCH;
-use crate::schedule::{When, valid_name};
+use crate::schedule::{When, now_ms, valid_name};
 
 /// One parsed command, with every argument validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -410,7 +410,7 @@ fn schedule_parts(
             let text = |raw: &[u8]| String::from_utf8(raw.to_vec()).ok();
             let zone = text(zone).ok_or(ClientError::BadSchedule("bad-zone"))?;
             let expr = text(&expr.join(&b' ')).ok_or(ClientError::BadSchedule("bad-cron"))?;
-            When::cron(&zone, &expr, wall_ms())
+            When::cron(&zone, &expr, now_ms())
         }
         _ => return Err(ClientError::BadFormat),
     }
@@ -434,13 +434,6 @@ pub fn schedule_name(raw: &[u8]) -> Result<Arc<str>, ClientError> {
     std::str::from_utf8(raw)
         .map(Arc::from)
         .map_err(|_| ClientError::BadFormat)
-}
-
-/// Milliseconds since the epoch, by the wall clock.
-pub fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A batch's size: 1 to [`MAX_BATCH`].
@@ -571,6 +564,67 @@ mod tests {
         assert_eq!(ids[0], JobId::Server(7));
         let many = format!("delete-batch{}", " 1".repeat(MAX_BATCH + 1));
         assert_eq!(cmd(&many), Err(ClientError::BadFormat));
+    }
+
+    #[test]
+    fn schedules_read_their_body_before_any_refusal() {
+        let Ok(Line::Body(h)) = cmd("schedule beat beats 5 30 4 every 30s") else {
+            panic!("not a schedule")
+        };
+        assert_eq!(h.bytes(), 4);
+        let Ok(Command::Schedule(s)) = h.with_body(Bytes::from_static(b"beat")) else {
+            panic!("not a schedule")
+        };
+        assert_eq!(
+            (&*s.name, s.tube.as_str(), s.pri, s.ttr),
+            ("beat", "beats", 5, 30)
+        );
+        assert_eq!(s.when, When::Every(std::time::Duration::from_secs(30)));
+        let Ok(Line::Body(h)) = cmd("schedule r reports 0 60 1 cron Europe/Berlin 0 2 * * MON-FRI")
+        else {
+            panic!("not a schedule")
+        };
+        assert!(matches!(
+            h.with_body(Bytes::new()),
+            Ok(Command::Schedule(s)) if matches!(&s.when, When::Cron { expr, .. } if &**expr == "0 2 * * MON-FRI")
+        ));
+        for (line, why) in [
+            (
+                "schedule b t 0 1 1 every 1ms",
+                ClientError::BadSchedule("too-often"),
+            ),
+            (
+                "schedule b t 0 1 1 every x",
+                ClientError::BadSchedule("bad-interval"),
+            ),
+            (
+                "schedule b t 0 1 1 cron UTC 0 0 30 2 *",
+                ClientError::BadSchedule("never-fires"),
+            ),
+            (
+                "schedule b t 0 1 1 cron Nowhere/X * * * * *",
+                ClientError::BadSchedule("bad-zone"),
+            ),
+            ("schedule b t 0 1 1 cron UTC", ClientError::BadFormat),
+            ("schedule b:c t 0 1 1 every 1s", ClientError::BadFormat),
+            ("schedule b t -1 1 1 every 1s", ClientError::BadFormat),
+            ("schedule b t 0 1 1 weekly 1", ClientError::BadFormat),
+        ] {
+            let Ok(Line::Body(h)) = cmd(line) else {
+                panic!("{line}: the body is not read")
+            };
+            assert_eq!(h.with_body(Bytes::new()), Err(why), "{line}");
+        }
+        assert_eq!(
+            cmd("schedule b t 0 1 x every 1s"),
+            Err(ClientError::BadFormat)
+        );
+        assert_eq!(cmd("unschedule b:c"), Err(ClientError::BadFormat));
+        assert_eq!(
+            cmd("list-schedules"),
+            Ok(Line::Command(Command::ListSchedules))
+        );
+        assert_eq!(cmd("list-schedules x"), Err(ClientError::BadFormat));
     }
 
     #[test]

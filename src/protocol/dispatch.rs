@@ -7,7 +7,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::ClientError;
-use super::command::{Command, wall_ms};
+use super::command::Command;
 use super::failure::failed;
 use super::options;
 use super::reply::Reply;
@@ -16,7 +16,7 @@ use super::stats::{render_job, render_tube, render_tubes};
 use crate::error::StoreResult;
 use crate::job::PutOutcome;
 use crate::names::Tube;
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, now_ms};
 use crate::store::{Store, TubeRef};
 
 impl<S: Store> Session<S> {
@@ -168,7 +168,7 @@ impl<S: Store> Session<S> {
                 Reply::Yaml(doc)
             }
             Command::Schedule(new) => {
-                let since = wall_ms();
+                let since = now_ms();
                 let schedule = Schedule {
                     name: new.name,
                     when: new.when,
@@ -187,7 +187,7 @@ impl<S: Store> Session<S> {
             Command::Unschedule(name) => {
                 found(broker.remove_schedule(&name).await?, Reply::Unscheduled)
             }
-            Command::ListSchedules => Reply::Schedules(broker.schedules().await?, wall_ms()),
+            Command::ListSchedules => Reply::Schedules(broker.schedules().await?, now_ms()),
             Command::Quit => return Ok(Outcome::Quit),
         };
         Ok(Outcome::Reply(reply))

@@ -12,12 +12,12 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::ClientError;
-use super::command::{Command, NewSchedule, batch_size, schedule_name, wall_ms};
+use super::command::{Command, NewSchedule, batch_size, schedule_name};
 use super::options;
 use crate::job::Lifecycle;
 use crate::names::{JobId, Tube, client_id};
 use crate::rules::MAX_BATCH;
-use crate::schedule::When;
+use crate::schedule::{When, now_ms};
 
 /// Priority of an `add` that gives none (beanstalkd clients' usual default).
 pub const DEFAULT_PRIORITY: u32 = 1024;
@@ -118,7 +118,7 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
                         Some(Value::String(z)) => z.as_str(),
                         Some(_) => return Err(ClientError::BadSchedule("bad-zone")),
                     };
-                    When::cron(zone, expr, wall_ms())
+                    When::cron(zone, expr, now_ms())
                 }
                 _ => return Err(ClientError::BadFormat),
             }
