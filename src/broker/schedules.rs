@@ -67,6 +67,23 @@ impl Planned {
     }
 }
 
+/// The plan for `all` the schedules read at `now`: one this process
+/// already planned, unchanged, keeps its next moment (so a change of
+/// another schedule does not make every schedule put its last moment
+/// again); a new or changed one starts as new.
+fn replan(old: Vec<Planned>, all: Vec<Schedule>, now: u64) -> Vec<Planned> {
+    let mut old: std::collections::HashMap<_, _> = old
+        .into_iter()
+        .map(|p| (p.schedule.name.clone(), p))
+        .collect();
+    all.into_iter()
+        .filter_map(|s| match old.remove(&s.name) {
+            Some(p) if p.schedule == s => Some(p),
+            _ => Planned::new(s, now),
+        })
+        .collect()
+}
+
 impl<S: Store> Broker<S> {
     /// Registers or replaces a schedule; `false` if the store has too many.
     pub async fn set_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
@@ -111,11 +128,7 @@ impl<S: Store> Broker<S> {
             if stale {
                 match self.schedules().await {
                     Ok(all) => {
-                        let now = now_ms();
-                        plan = all
-                            .into_iter()
-                            .filter_map(|s| Planned::new(s, now))
-                            .collect();
+                        plan = replan(std::mem::take(&mut plan), all, now_ms());
                         stale = false;
                     }
                     Err(e) => {
@@ -216,6 +229,22 @@ mod tests {
     fn a_new_schedule_waits_for_its_first_moment() {
         let p = Planned::new(every(30, 7_000), 7_000).unwrap();
         assert_eq!(p.moment, 30_000);
+    }
+
+    #[test]
+    fn reading_the_schedules_again_keeps_what_did_not_change() {
+        let plan = vec![Planned::new(every(30, 7_000), 7_000).unwrap()];
+        let mut changed = every(60, 7_000);
+        changed.name = Arc::from("other");
+        // At 95 s the kept one still waits for 30 s (not fired yet: the
+        // store was away); the new one starts from its last moment.
+        let plan = replan(plan, vec![every(30, 7_000), changed.clone()], 95_000);
+        assert_eq!(
+            plan.iter().map(|p| p.moment).collect::<Vec<_>>(),
+            vec![30_000, 60_000]
+        );
+        let plan = replan(plan, vec![changed], 95_000);
+        assert_eq!(plan.len(), 1);
     }
 
     #[test]
