@@ -21,7 +21,7 @@ use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
-use croner::parser::{CronParser, Seconds};
+use croner::parser::{CronParser, Seconds, Year};
 
 use crate::names::{MAX_NAME_LEN, Tube};
 
@@ -98,11 +98,7 @@ impl When {
     /// refused if it has no moment within [`MAX_CRON_WAIT`] of `now`.
     pub fn cron(zone: &str, expr: &str, now: u64) -> Result<When, Refusal> {
         let zone = Tz::from_str(zone).map_err(|_| "bad-zone")?;
-        let cron = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .build()
-            .parse(expr)
-            .map_err(|_| "bad-cron")?;
+        let cron = parse_cron(expr).ok_or("bad-cron")?;
         let when = When::Cron {
             expr: Arc::from(expr),
             zone,
@@ -151,6 +147,17 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A cron expression of five fields, or six with seconds first (no year
+/// field: a schedule is for ever).
+fn parse_cron(expr: &str) -> Option<Cron> {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(expr)
+        .ok()
 }
 
 fn utc(ms: u64) -> Option<DateTime<Utc>> {
@@ -253,13 +260,7 @@ impl Schedule {
             When::Cron {
                 expr: Arc::from(expr),
                 zone: Tz::from_str(zone).ok()?,
-                cron: Box::new(
-                    CronParser::builder()
-                        .seconds(Seconds::Optional)
-                        .build()
-                        .parse(expr)
-                        .ok()?,
-                ),
+                cron: Box::new(parse_cron(expr)?),
             }
         } else {
             When::Every(Duration::from_millis(every.parse().ok()?))

@@ -400,10 +400,17 @@ fn schedule_parts(
     ttr: &[u8],
     when: &[&[u8]],
 ) -> Result<NewSchedule, ClientError> {
+    // The plain arguments first, so a malformed one is `BAD_FORMAT`
+    // whatever the schedule says.
+    let (name, tube, pri, ttr) = (
+        schedule_name(name)?,
+        tube_arg(tube)?,
+        num32(pri)?,
+        num32(ttr)?,
+    );
     let when = match when {
         [b"every", period] => {
-            let period =
-                options::duration_any(period).ok_or(ClientError::BadSchedule("bad-interval"))?;
+            let period = options::span(period).ok_or(ClientError::BadSchedule("bad-interval"))?;
             When::every(period)
         }
         [b"cron", zone, expr @ ..] if !expr.is_empty() => {
@@ -416,10 +423,10 @@ fn schedule_parts(
     }
     .map_err(ClientError::BadSchedule)?;
     Ok(NewSchedule {
-        name: schedule_name(name)?,
-        tube: tube_arg(tube)?,
-        pri: num32(pri)?,
-        ttr: num32(ttr)?,
+        name,
+        tube,
+        pri,
+        ttr,
         when,
         body: Bytes::new(),
     })

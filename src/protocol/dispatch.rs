@@ -16,6 +16,7 @@ use super::stats::{render_job, render_tube, render_tubes};
 use crate::error::StoreResult;
 use crate::job::PutOutcome;
 use crate::names::Tube;
+use crate::rules;
 use crate::schedule::{Schedule, now_ms};
 use crate::store::{Store, TubeRef};
 
@@ -174,7 +175,8 @@ impl<S: Store> Session<S> {
                     when: new.when,
                     tube: new.tube,
                     pri: new.pri,
-                    ttr: secs(new.ttr),
+                    // Shown as its firings get it.
+                    ttr: rules::ttr(secs(new.ttr)),
                     body: new.body,
                     since,
                 };

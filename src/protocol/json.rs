@@ -102,7 +102,7 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
             let when = match (obj.get("every"), obj.get("cron")) {
                 (Some(every), None) => {
                     let period = match every {
-                        Value::String(s) => options::duration_any(s.as_bytes()),
+                        Value::String(s) => options::span(s.as_bytes()),
                         Value::Number(n) => n
                             .to_string()
                             .parse()

@@ -65,14 +65,10 @@ pub fn duration(raw: &[u8]) -> Option<Duration> {
     duration_up_to(raw, MAX_OPTION_TIME)
 }
 
-/// A duration as [`duration`] reads it, however long (a schedule's
-/// interval, whose own bounds are checked where it is made).
-pub fn duration_any(raw: &[u8]) -> Option<Duration> {
-    duration_up_to(raw, Duration::MAX)
-}
-
-/// A duration as [`duration`] reads it, from 1 ms to `max`.
-fn duration_up_to(raw: &[u8], max: Duration) -> Option<Duration> {
+/// A duration as [`duration`] reads it, however long or short, zero
+/// included (a schedule's interval, whose own bounds are checked where it
+/// is made).
+pub fn span(raw: &[u8]) -> Option<Duration> {
     let digits = raw.iter().take_while(|b| b.is_ascii_digit()).count();
     let n = parse_u64(&raw[..digits])?;
     let ms_per = match &raw[digits..] {
@@ -83,8 +79,12 @@ fn duration_up_to(raw: &[u8], max: Duration) -> Option<Duration> {
         b"d" => 86_400_000,
         _ => return None,
     };
-    let d = Duration::from_millis(n.checked_mul(ms_per)?);
-    (!d.is_zero() && d <= max).then_some(d)
+    Some(Duration::from_millis(n.checked_mul(ms_per)?))
+}
+
+/// A duration as [`duration`] reads it, from 1 ms to `max`.
+fn duration_up_to(raw: &[u8], max: Duration) -> Option<Duration> {
+    span(raw).filter(|d| !d.is_zero() && *d <= max)
 }
 
 /// A duration as `duration` reads it, in the largest unit that keeps it whole.
