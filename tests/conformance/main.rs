@@ -20,6 +20,7 @@ mod json;
 mod lifecycle;
 mod rate;
 mod retries;
+mod schedules;
 mod stats;
 mod timing;
 mod tubes;
