@@ -37,6 +37,7 @@ mod durable;
 mod rate;
 mod redis_down;
 mod restarts;
+mod schedules;
 mod timers;
 
 pub use common::{scale, soak};
