@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end check of a running server with the stock greenstalk client.
 
-Usage: python3 greenstalk_check.py PORT   (server on 127.0.0.1:PORT)
+Usage: python3 greenstalk_check.py PORT [--extensions]
+       (server on 127.0.0.1:PORT; --extensions: delayq's job options too)
 
 A producer and a worker connection do a full round trip on a tube of their
 own: priorities and FIFO order, a 1-second delay, release, bury/kick,
@@ -251,17 +252,64 @@ def run(addr):
     worker.close()
 
 
+def raw(addr, line):
+    """One command no stock client sends; its first reply line."""
+    with socket.create_connection(addr) as s:
+        s.sendall(line)
+        return s.makefile("rb").readline().decode().strip()
+
+
+def extensions(addr):
+    """delayq's job options, seen through the stock client: a dead letter
+    that release buries (greenstalk raises BuriedError for that reply, as
+    for beanstalkd's out-of-memory bury), stats with extra keys, an expiry
+    counted in stats-tube. Set up with raw lines, worked with greenstalk."""
+    tube = f"ci-gs-ext-{os.getpid()}"
+    eq("tube-set", raw(addr, f"tube-set {tube} tries=2 backoff=1ms\r\n".encode()), "SET")
+    producer = greenstalk.Client(addr, use=tube)
+    worker = greenstalk.Client(addr, watch=tube)
+    jid = producer.put("flaky", ttr=60)
+    job = worker.reserve(timeout=5)
+    worker.release(job)
+    job = worker.reserve(timeout=5)
+    eq("second try", job.id, jid)
+    raises("release after the last try buries", greenstalk.BuriedError,
+           lambda: worker.release(job))
+    sj = producer.stats_job(jid)
+    eq("dead letter", (sj["state"], sj["buried-because"], sj["tries"], sj["max-tries"]),
+       ("buried", "tries", 2, 2))
+    eq("stats-job keeps beanstalkd's keys", (sj["id"], sj["tube"], sj["reserves"]), (jid, tube, 2))
+    eq("peek-buried", producer.peek_buried().id, jid)
+    producer.kick_job(jid)
+    eq("a kick starts a fresh round", producer.stats_job(jid)["tries"], 0)
+    producer.delete(jid)
+    body = b"short-lived"
+    eq("put with ttl", raw(addr, b"use %s\r\nput 0 0 60 %d ttl=200ms\r\n%s\r\n"
+                            % (tube.encode(), len(body), body)), f"USING {tube}")
+    time.sleep(0.5)
+    st = producer.stats_tube(tube)
+    eq("expired and counted", (st["current-jobs-ready"], st["total-jobs-expired"]), (0, 1))
+    ok("stats counts expiries", producer.stats()["total-jobs-expired"] >= 1)
+    producer.close()
+    worker.close()
+
+
 def main():
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        print(f"usage: {sys.argv[0]} PORT", file=sys.stderr)
+    args = sys.argv[1:]
+    with_extensions = "--extensions" in args
+    args = [a for a in args if a != "--extensions"]
+    if len(args) != 1 or not args[0].isdigit():
+        print(f"usage: {sys.argv[0]} PORT [--extensions]", file=sys.stderr)
         sys.exit(2)
-    addr = ("127.0.0.1", int(sys.argv[1]))
+    addr = ("127.0.0.1", int(args[0]))
     socket.setdefaulttimeout(10)
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(30)
     global FAILED
     try:
         run(addr)
+        if with_extensions:
+            extensions(addr)
     except ConnectionRefusedError:
         FAILED += 1
         print(f"FAIL cannot connect to {addr[0]}:{addr[1]}", flush=True)

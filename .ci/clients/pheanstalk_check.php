@@ -2,7 +2,8 @@
 // End-to-end check of a running server with the stock pheanstalk client
 // (Debian's php-pda-pheanstalk, pheanstalk 4.x).
 //
-// Usage: php pheanstalk_check.php PORT   (server on 127.0.0.1:PORT)
+// Usage: php pheanstalk_check.php PORT [--extensions]
+//        (server on 127.0.0.1:PORT; --extensions: delayq's job options too)
 //
 // The autoloader is looked for in $PHEANSTALK_AUTOLOAD, then in Debian's
 // /usr/share/php/Pheanstalk/autoload.php, then in a composer vendor/ tree.
@@ -269,8 +270,57 @@ function run(int $port): void
     }
 }
 
-if ($argc !== 2 || !ctype_digit($argv[1])) {
-    fwrite(STDERR, "usage: php {$argv[0]} PORT\n");
+// One command no stock client sends; its first reply line.
+function raw(int $port, string $lines): string
+{
+    $s = fsockopen('127.0.0.1', $port);
+    fwrite($s, $lines);
+    $reply = trim((string) fgets($s));
+    fclose($s);
+    return $reply;
+}
+
+// delayq's job options, seen through the stock client: a dead letter that
+// release buries (pheanstalk reports that reply as beanstalkd's
+// out-of-memory bury), stats with extra keys, an expiry counted in
+// stats-tube. Set up with raw lines, worked with pheanstalk.
+function extensions(int $port): void
+{
+    $tube = 'ci-ph-ext-' . getmypid();
+    eq('tube-set', raw($port, "tube-set $tube tries=2 backoff=1ms\r\n"), 'SET');
+    $producer = Pheanstalk::create('127.0.0.1', $port);
+    $worker = Pheanstalk::create('127.0.0.1', $port);
+    $producer->useTube($tube);
+    $worker->watch($tube);
+    $worker->ignore('default');
+    $id = $producer->put('flaky', 1024, 0, 60)->getId();
+    $worker->release($worker->reserveWithTimeout(5));
+    $job = $worker->reserveWithTimeout(5);
+    eq('second try', $job === null ? null : $job->getId(), $id);
+    raises('release after the last try buries', ServerException::class,
+        fn () => $worker->release($job));
+    $sj = $producer->statsJob(new JobId($id));
+    eq('dead letter', [$sj['state'], $sj['buried-because'], (int) $sj['tries'], (int) $sj['max-tries']],
+        ['buried', 'tries', 2, 2]);
+    eq("stats-job keeps beanstalkd's keys", [(int) $sj['id'], $sj['tube'], (int) $sj['reserves']],
+        [$id, $tube, 2]);
+    $buried = $producer->peekBuried();
+    eq('peek-buried', $buried === null ? null : $buried->getId(), $id);
+    $producer->kickJob(new JobId($id));
+    eq('a kick starts a fresh round', (int) $producer->statsJob(new JobId($id))['tries'], 0);
+    $producer->delete(new JobId($id));
+    eq('put with ttl', raw($port, "use $tube\r\nput 0 0 60 11 ttl=200ms\r\nshort-lived\r\n"), "USING $tube");
+    usleep(500000);
+    $st = $producer->statsTube($tube);
+    eq('expired and counted', [(int) $st['current-jobs-ready'], (int) $st['total-jobs-expired']], [0, 1]);
+    ok('stats counts expiries', (int) $producer->stats()['total-jobs-expired'] >= 1);
+}
+
+$args = array_slice($argv, 1);
+$withExtensions = in_array('--extensions', $args, true);
+$args = array_values(array_diff($args, ['--extensions']));
+if (count($args) !== 1 || !ctype_digit($args[0])) {
+    fwrite(STDERR, "usage: php {$argv[0]} PORT [--extensions]\n");
     exit(2);
 }
 if (function_exists('pcntl_alarm')) {
@@ -284,7 +334,10 @@ if (function_exists('pcntl_alarm')) {
     pcntl_alarm(30);
 }
 try {
-    run((int) $argv[1]);
+    run((int) $args[0]);
+    if ($withExtensions) {
+        extensions((int) $args[0]);
+    }
 } catch (\Throwable $e) {
     $FAILED++;
     echo 'FAIL unexpected ' . get_class($e) . ': ' . $e->getMessage() . "\n";
