@@ -117,6 +117,10 @@ pub struct Flags {
     /// Prefix of every Redis key delayq uses (it becomes the keys' hash tag).
     #[arg(long, value_name = "PREFIX", default_value = "delayq:")]
     pub redis_prefix: String,
+    /// Also serve the HTTP API, /metrics and the dashboard on this address
+    /// (`ADDR:PORT`, such as `127.0.0.1:11380`). Off unless given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub http: Option<String>,
     /// Most client connections at once; one more is told
     /// TOO_MANY_CONNECTIONS and closed. Default: what the open-file limit
     /// allows, less a few files for delayq's own use.
@@ -155,6 +159,8 @@ pub struct Settings {
     pub max_job_size: usize,
     /// The connection limit asked for, if any.
     pub max_connections: Option<usize>,
+    /// Where the HTTP front end listens, if it is on (`ADDR:PORT`).
+    pub http: Option<String>,
     /// Where the jobs are kept.
     pub engine: Engine,
 }
@@ -238,6 +244,7 @@ impl Flags {
             port: self.port,
             max_job_size,
             max_connections: self.max_connections,
+            http: self.http,
             engine,
         })
     }

@@ -19,7 +19,8 @@
 //!   names of jobs and tubes, the rules every engine follows. Everything else
 //!   builds on them; they import nothing of the layers.
 //! * [`protocol`] is the text protocol front end (beanstalkd's, with the
-//!   JSON-lines mode); [`server`] accepts its connections.
+//!   JSON-lines mode); [`server`] accepts its connections. [`http`] is the
+//!   HTTP front end, which runs the protocol's commands.
 //! * [`broker`] is the only way into the store: every transition passes it,
 //!   and it hands ready jobs to blocked connections and runs the timer, which
 //!   sleeps until the next due time, so nothing polls.
@@ -35,6 +36,7 @@ pub mod broker;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod http;
 pub mod job;
 pub mod names;
 pub mod protocol;

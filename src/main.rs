@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 
 use delayq::clock::Clock;
 use delayq::config::{Config, Engine, Flags};
-use delayq::server::{Control, MAX_LINGERING, raise_fd_limit, run};
+use delayq::server::{Control, MAX_LINGERING, raise_fd_limit, run_with_http};
 use delayq::store::Store;
 use delayq::store::memory::MemoryStore;
 use delayq::store::redis::RedisStore;
@@ -45,6 +45,21 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let http = match &settings.http {
+        None => None,
+        Some(at) => {
+            let Some(addr) = resolve_pair(at).await else {
+                return ExitCode::from(2);
+            };
+            match TcpListener::bind(addr).await {
+                Ok(listener) => Some(listener),
+                Err(e) => {
+                    error!(%addr, error = %e, "cannot listen for HTTP");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
     let files = raise_fd_limit();
     info!(open_files = files, "file descriptor limit");
     let config = settings.config(files, MAX_LINGERING);
@@ -54,16 +69,16 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let served = match &settings.engine {
-        Engine::Memory => serve(listener, MemoryStore::new(), config, control).await,
+        Engine::Memory => serve(listener, http, MemoryStore::new(), config, control).await,
         Engine::Durable(options) => {
             match delayq::store::log::open(options.clone(), Clock::system()) {
-                Ok(store) => serve(listener, store, config, control).await,
+                Ok(store) => serve(listener, http, store, config, control).await,
                 Err(why) => Err(why),
             }
         }
         Engine::Redis { target, options } => {
             match RedisStore::open(target.clone(), options.clone()).await {
-                Ok(store) => serve(listener, store, config, control).await,
+                Ok(store) => serve(listener, http, store, config, control).await,
                 Err(e) => Err(format!("cannot connect to Redis: {e}")),
             }
         }
@@ -83,6 +98,7 @@ async fn main() -> ExitCode {
 /// Serves on `store` until shutdown.
 async fn serve<S: Store>(
     listener: TcpListener,
+    http: Option<TcpListener>,
     store: S,
     config: Config,
     control: Control,
@@ -90,8 +106,21 @@ async fn serve<S: Store>(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     info!(%addr, max_job_size = config.max_job_size, max_connections = config.max_connections,
         engine = store.describe(), "delayq listening");
-    run(listener, store, config, control).await;
+    run_with_http(listener, http, store, config, control).await;
     Ok(())
+}
+
+/// The address of `ADDR:PORT` (a name is resolved).
+async fn resolve_pair(at: &str) -> Option<SocketAddr> {
+    let Some((host, port)) = at.rsplit_once(':') else {
+        error!(%at, "--http wants ADDR:PORT");
+        return None;
+    };
+    let Ok(port) = port.parse() else {
+        error!(%at, "--http wants ADDR:PORT");
+        return None;
+    };
+    resolve(host.trim_start_matches('[').trim_end_matches(']'), port).await
 }
 
 /// The address to listen on: `listen` is an IP address or a name.

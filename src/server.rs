@@ -43,12 +43,29 @@ pub struct Control {
 
 /// Serves `listener` with `store` until `control.shutdown` is cancelled.
 pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, control: Control) {
+    run_with_http(listener, None, store, config, control).await;
+}
+
+/// Serves `listener` with `store`, and the HTTP front end on `http` if
+/// given, until `control.shutdown` is cancelled.
+pub async fn run_with_http<S: Store>(
+    listener: TcpListener,
+    http: Option<TcpListener>,
+    store: S,
+    config: Config,
+    control: Control,
+) {
     let shared = Arc::new(Shared {
         broker: Broker::new(store),
         stats: ServerStats::new(control.draining.clone()),
         config,
     });
     let tracker = TaskTracker::new();
+    if let Some(http) = http {
+        let shared = shared.clone();
+        let shutdown = control.shutdown.clone();
+        tracker.spawn(async move { crate::http::serve(http, shared, shutdown).await });
+    }
     {
         let shared = shared.clone();
         let shutdown = control.shutdown.clone();

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use delayq::config::Config;
-use delayq::server::{Control, run};
+use delayq::server::{Control, run_with_http};
 use delayq::store::memory::MemoryStore;
 use delayq::store::redis::RedisStore;
 use redis::RedisServer;
@@ -93,6 +93,8 @@ pub struct TestServer {
     pub control: Control,
     /// The backend it runs on.
     pub backend: Backend,
+    /// Where its HTTP front end listens, if it was started with one.
+    pub http: Option<SocketAddr>,
     task: JoinHandle<()>,
     /// What the engine needs (its Redis, its data directory); dropped after
     /// `task` is told to stop.
@@ -107,14 +109,42 @@ impl TestServer {
 
     /// A server with the given settings.
     pub async fn start_with(backend: Backend, config: Config) -> TestServer {
+        TestServer::start_full(backend, config, false).await
+    }
+
+    /// A server with default settings and its HTTP front end on a port of
+    /// its own ([`TestServer::http`], [`TestServer::http_url`]).
+    pub async fn start_http(backend: Backend) -> TestServer {
+        TestServer::start_full(backend, Config::default(), true).await
+    }
+
+    /// A server with the given settings, and the HTTP front end if `http`.
+    pub async fn start_full(backend: Backend, config: Config, http: bool) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port");
         let addr = listener.local_addr().expect("local address");
+        let http_listener = match http {
+            true => Some(
+                TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind a loopback port for HTTP"),
+            ),
+            false => None,
+        };
+        let http = http_listener
+            .as_ref()
+            .map(|l| l.local_addr().expect("local address"));
         let control = Control::default();
         let (task, keep) = match backend {
             Backend::Memory => {
-                let task = tokio::spawn(run(listener, MemoryStore::new(), config, control.clone()));
+                let task = tokio::spawn(run_with_http(
+                    listener,
+                    http_listener,
+                    MemoryStore::new(),
+                    config,
+                    control.clone(),
+                ));
                 (task, None)
             }
             Backend::Durable => {
@@ -124,7 +154,13 @@ impl TestServer {
                     delayq::clock::Clock::system(),
                 )
                 .expect("open a fresh data directory");
-                let task = tokio::spawn(run(listener, store, config, control.clone()));
+                let task = tokio::spawn(run_with_http(
+                    listener,
+                    http_listener,
+                    store,
+                    config,
+                    control.clone(),
+                ));
                 (task, Some(Keep::Dir(dir)))
             }
             Backend::Redis => {
@@ -132,12 +168,24 @@ impl TestServer {
                 let store = RedisStore::connect(&redis.url, "delayq:")
                     .await
                     .expect("connect to the test's redis-server");
-                let task = tokio::spawn(run(listener, store, config, control.clone()));
+                let task = tokio::spawn(run_with_http(
+                    listener,
+                    http_listener,
+                    store,
+                    config,
+                    control.clone(),
+                ));
                 (task, Some(Keep::Redis(redis)))
             }
             Backend::Cluster => {
                 let store = cluster::shared_store().await;
-                let task = tokio::spawn(run(listener, store, config, control.clone()));
+                let task = tokio::spawn(run_with_http(
+                    listener,
+                    http_listener,
+                    store,
+                    config,
+                    control.clone(),
+                ));
                 (task, None)
             }
         };
@@ -145,9 +193,18 @@ impl TestServer {
             addr,
             control,
             backend,
+            http,
             task,
             keep,
         }
+    }
+
+    /// The base URL of the HTTP front end (`http://127.0.0.1:PORT`).
+    ///
+    /// # Panics
+    /// If the server was started without it.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http.expect("a server started with HTTP"))
     }
 
     /// The URL of the server's own Redis, on the Redis backend.
