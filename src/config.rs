@@ -40,8 +40,19 @@ impl Default for Config {
 
 /// A delay-queue job server speaking beanstalkd's protocol.
 #[derive(Parser, Debug)]
-#[command(name = "delayq", version, about)]
+#[command(
+    name = "delayq",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Flags {
+    /// An admin subcommand to run against a running server, instead of
+    /// starting one. The server's flags and the subcommands exclude each
+    /// other, so a server flag given to a subcommand is an error, not
+    /// silently ignored.
+    #[command(subcommand)]
+    pub command: Option<crate::cli::Command>,
     /// Address to listen on.
     #[arg(short = 'l', value_name = "ADDR", default_value = "127.0.0.1")]
     pub listen: String,

@@ -29,15 +29,23 @@
 //! * [`schedule`] is the periodic jobs' domain: when a schedule fires, and
 //!   the id of each firing.
 //! * [`clock`] is the embedded engine's time; [`config`] the flags.
+//! * [`metrics`] holds what the broker measures for `/metrics` (store call
+//!   times, the timer's lateness); the figures the engines already keep are
+//!   read at scrape time.
+//! * [`cli`] is the admin command line (`delayq stats`, `delayq drain`...),
+//!   a client of the text protocol that shares only the name rules and
+//!   limits with the server.
 
 #![deny(missing_docs)]
 
 pub mod broker;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod http;
 pub mod job;
+pub mod metrics;
 pub mod names;
 pub mod protocol;
 pub mod rules;

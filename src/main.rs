@@ -1,5 +1,6 @@
 //! The `delayq` binary: flags, logging, signals, the engine, then
-//! [`delayq::server::run`].
+//! [`delayq::server::run`]; or, given a subcommand, the admin client
+//! [`delayq::cli::run`].
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -20,7 +21,10 @@ use delayq::store::redis::RedisStore;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let mut flags = Flags::parse();
+    if let Some(command) = flags.command.take() {
+        return delayq::cli::run(command).await;
+    }
     // rediss:// URLs use rustls; pick its crypto once for the process. An
     // error only means a provider was installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();

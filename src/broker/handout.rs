@@ -9,6 +9,7 @@ use tracing::{error, warn};
 use super::Broker;
 use super::waiters::Head;
 use crate::job::Reserved;
+use crate::metrics::StoreOp;
 use crate::names::Tube;
 use crate::store::Store;
 
@@ -110,7 +111,10 @@ impl<S: Store> Broker<S> {
                 }
                 let full = heads.len() == round;
                 let got =
-                    join_all(heads.iter().map(|h| self.store.reserve(h.conn, &h.tubes))).await;
+                    join_all(heads.iter().map(|h| {
+                        self.call(StoreOp::Reserve, self.store.reserve(h.conn, &h.tubes))
+                    }))
+                    .await;
                 let (mut all, mut gave_back) = (full, false);
                 for (head, got) in heads.into_iter().zip(got) {
                     match got {
@@ -142,7 +146,11 @@ impl<S: Store> Broker<S> {
             Some(tx) => tx.send(got).is_ok(),
             None => false,
         };
-        if !handed && let Err(e) = self.store.give_back(head.conn, &id).await {
+        if !handed
+            && let Err(e) = self
+                .call(StoreOp::GiveBack, self.store.give_back(head.conn, &id))
+                .await
+        {
             // The job stays reserved by a closed connection; its TTR
             // brings it back.
             error!(job = %id, error = %e, "cannot give back a job");

@@ -16,6 +16,7 @@
 //!
 //! The rules every engine follows alike (the TTR floor) are applied here too.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ use crate::error::StoreResult;
 use crate::job::{
     JobBody, JobStats, Lifecycle, NewJob, PutOutcome, Released, Reserved, StoreStats, TubeStats,
 };
+use crate::metrics::{Instruments, StoreOp};
 use crate::names::{JobId, Tube};
 use crate::rules;
 use crate::store::{ConnId, Store, TubeRef};
@@ -51,6 +53,8 @@ pub struct Broker<S> {
     alarm: Alarm,
     /// Wakes the schedules' task to read them again: they changed.
     reschedule: tokio::sync::Notify,
+    /// Store call times and the timer's lateness, for `/metrics`.
+    instruments: Instruments,
 }
 
 impl<S: Store> Broker<S> {
@@ -63,7 +67,24 @@ impl<S: Store> Broker<S> {
             passes: std::sync::Mutex::new(Passes::default()),
             alarm: Alarm::new(),
             reschedule: tokio::sync::Notify::new(),
+            instruments: Instruments::default(),
         }
+    }
+
+    /// What this broker measures, for `/metrics`.
+    pub fn instruments(&self) -> &Instruments {
+        &self.instruments
+    }
+
+    /// Awaits one store call, timed as `op` once measuring is on: every
+    /// call to the store goes through here.
+    async fn call<T>(&self, op: StoreOp, call: impl Future<Output = T>) -> T {
+        let Some(started) = self.instruments.start() else {
+            return call.await;
+        };
+        let out = call.await;
+        self.instruments.store_call(op, started);
+        out
     }
 
     /// Inserts a job and hands it out or schedules it.
@@ -71,7 +92,7 @@ impl<S: Store> Broker<S> {
         job.ttr = rules::ttr(job.ttr);
         let tube = job.tube.clone();
         let (delay, ttl) = (job.delay, job.life.ttl);
-        let put = self.store.put(job).await?;
+        let put = self.call(StoreOp::Put, self.store.put(job)).await?;
         if matches!(put.outcome, PutOutcome::Inserted(_)) {
             if let Some(expires) = put.expires.or(ttl) {
                 self.alarm.schedule(expires);
@@ -83,7 +104,9 @@ impl<S: Store> Broker<S> {
 
     /// Reserves the best ready job of `tubes`, if any, without waiting.
     pub async fn reserve(&self, conn: ConnId, tubes: &[Tube]) -> StoreResult<Option<Reserved>> {
-        let got = self.store.reserve(conn, tubes).await?;
+        let got = self
+            .call(StoreOp::Reserve, self.store.reserve(conn, tubes))
+            .await?;
         match &got {
             Some(r) => self.alarm.schedule(r.ttr),
             None => self.wake_if_held_back(),
@@ -106,7 +129,12 @@ impl<S: Store> Broker<S> {
         tubes: &[Tube],
         max: usize,
     ) -> StoreResult<Vec<Reserved>> {
-        let got = self.store.reserve_batch(conn, tubes, max).await?;
+        let got = self
+            .call(
+                StoreOp::ReserveBatch,
+                self.store.reserve_batch(conn, tubes, max),
+            )
+            .await?;
         if let Some(ttr) = got.iter().map(|r| r.ttr).min() {
             self.alarm.schedule(ttr);
         }
@@ -123,12 +151,18 @@ impl<S: Store> Broker<S> {
         ids: &[JobId],
         finish: bool,
     ) -> StoreResult<u64> {
-        self.store.remove_batch(conn, ids, finish).await
+        self.call(
+            StoreOp::RemoveBatch,
+            self.store.remove_batch(conn, ids, finish),
+        )
+        .await
     }
 
     /// Reserves one job by id.
     pub async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
-        let got = self.store.reserve_job(conn, id).await?;
+        let got = self
+            .call(StoreOp::ReserveJob, self.store.reserve_job(conn, id))
+            .await?;
         if let Some(r) = &got {
             self.alarm.schedule(r.ttr);
         }
@@ -138,12 +172,14 @@ impl<S: Store> Broker<S> {
     /// Deletes a job that is not reserved, or is reserved by `conn`;
     /// returns whether it existed.
     pub async fn delete(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        self.store.delete(conn, id).await
+        self.call(StoreOp::Delete, self.store.delete(conn, id))
+            .await
     }
 
     /// Deletes a job only if `conn` has it reserved.
     pub async fn finish(&self, conn: ConnId, id: &JobId) -> StoreResult<bool> {
-        self.store.finish(conn, id).await
+        self.call(StoreOp::Finish, self.store.finish(conn, id))
+            .await
     }
 
     /// Releases a reserved job; says where it went, if `conn` held it.
@@ -154,7 +190,9 @@ impl<S: Store> Broker<S> {
         pri: u32,
         delay: Duration,
     ) -> StoreResult<Option<Released>> {
-        let released = self.store.release(conn, id, pri, delay).await?;
+        let released = self
+            .call(StoreOp::Release, self.store.release(conn, id, pri, delay))
+            .await?;
         if let Some(r) = released.as_ref().filter(|r| !r.buried) {
             self.ready_or_later(r.tube.clone(), r.delay).await;
         }
@@ -163,22 +201,27 @@ impl<S: Store> Broker<S> {
 
     /// Sets a tube's settings as a whole.
     pub async fn set_tube(&self, tube: &Tube, options: Lifecycle) -> StoreResult<()> {
-        self.store.set_tube(tube, options).await
+        self.call(StoreOp::SetTube, self.store.set_tube(tube, options))
+            .await
     }
 
     /// A tube's settings.
     pub async fn tube_settings(&self, tube: &Tube) -> StoreResult<Lifecycle> {
-        self.store.tube_settings(tube).await
+        self.call(StoreOp::TubeSettings, self.store.tube_settings(tube))
+            .await
     }
 
     /// Buries a job reserved by `conn`; returns whether it held it.
     pub async fn bury(&self, conn: ConnId, id: &JobId, pri: u32) -> StoreResult<bool> {
-        self.store.bury(conn, id, pri).await
+        self.call(StoreOp::Bury, self.store.bury(conn, id, pri))
+            .await
     }
 
     /// Restarts a reserved job's TTR; returns the TTR.
     pub async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
-        let ttr = self.store.touch(conn, id).await?;
+        let ttr = self
+            .call(StoreOp::Touch, self.store.touch(conn, id))
+            .await?;
         if let Some(ttr) = ttr {
             self.alarm.schedule(ttr);
         }
@@ -187,7 +230,9 @@ impl<S: Store> Broker<S> {
 
     /// Kicks up to `bound` jobs of `tube`.
     pub async fn kick(&self, tube: &Tube, bound: u64) -> StoreResult<u64> {
-        let n = self.store.kick(tube, bound).await?;
+        let n = self
+            .call(StoreOp::Kick, self.store.kick(tube, bound))
+            .await?;
         if n > 0 {
             self.serve(std::slice::from_ref(tube)).await;
         }
@@ -196,7 +241,7 @@ impl<S: Store> Broker<S> {
 
     /// Kicks one job; returns whether it was buried or delayed.
     pub async fn kick_job(&self, id: &JobId) -> StoreResult<bool> {
-        let Some(tube) = self.store.kick_job(id).await? else {
+        let Some(tube) = self.call(StoreOp::KickJob, self.store.kick_job(id)).await? else {
             return Ok(false);
         };
         self.serve(&[tube]).await;
@@ -205,7 +250,10 @@ impl<S: Store> Broker<S> {
 
     /// Pauses a tube; returns whether it exists.
     pub async fn pause_tube(&self, tube: &Tube, delay: Duration) -> StoreResult<bool> {
-        if !self.store.pause_tube(tube, delay).await? {
+        if !self
+            .call(StoreOp::PauseTube, self.store.pause_tube(tube, delay))
+            .await?
+        {
             return Ok(false);
         }
         self.ready_or_later(tube.clone(), delay).await;
@@ -214,44 +262,51 @@ impl<S: Store> Broker<S> {
 
     /// Returns a departed connection's reservations and hands them on.
     pub async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<()> {
-        let tubes = self.store.release_all(conn, held).await?;
+        let tubes = self
+            .call(StoreOp::ReleaseAll, self.store.release_all(conn, held))
+            .await?;
         self.serve(&tubes).await;
         Ok(())
     }
 
     /// Counts a connection's use or watch of `tube`, creating it if needed.
     pub async fn attach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
-        self.store.attach(tube, how).await
+        self.call(StoreOp::Attach, self.store.attach(tube, how))
+            .await
     }
 
     /// Undoes one [`Broker::attach`].
     pub async fn detach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
-        self.store.detach(tube, how).await
+        self.call(StoreOp::Detach, self.store.detach(tube, how))
+            .await
     }
 
     /// Any job, by id.
     pub async fn peek(&self, id: &JobId) -> StoreResult<Option<JobBody>> {
-        self.store.peek(id).await
+        self.call(StoreOp::Peek, self.store.peek(id)).await
     }
 
     /// The job `reserve` would take next from `tube`.
     pub async fn peek_ready(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
-        self.store.peek_ready(tube).await
+        self.call(StoreOp::PeekReady, self.store.peek_ready(tube))
+            .await
     }
 
     /// The delayed job of `tube` due soonest.
     pub async fn peek_delayed(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
-        self.store.peek_delayed(tube).await
+        self.call(StoreOp::PeekDelayed, self.store.peek_delayed(tube))
+            .await
     }
 
     /// The buried job of `tube` that `kick` would take first.
     pub async fn peek_buried(&self, tube: &Tube) -> StoreResult<Option<JobBody>> {
-        self.store.peek_buried(tube).await
+        self.call(StoreOp::PeekBuried, self.store.peek_buried(tube))
+            .await
     }
 
     /// A job's figures.
     pub async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
-        self.store.stats_job(id).await
+        self.call(StoreOp::StatsJob, self.store.stats_job(id)).await
     }
 
     /// A tube's figures, and how many of this process's connections wait on
@@ -262,7 +317,10 @@ impl<S: Store> Broker<S> {
         // before it stopped counting, so whatever is seen gone here is seen
         // gone in the store's figures too, however long they take.
         let waiting = self.waiters.waiting_on(tube);
-        Ok(self.store.stats_tube(tube).await?.map(|s| (s, waiting)))
+        Ok(self
+            .call(StoreOp::StatsTube, self.store.stats_tube(tube))
+            .await?
+            .map(|s| (s, waiting)))
     }
 
     /// Server-wide job figures, and how many of this process's connections
@@ -270,12 +328,15 @@ impl<S: Store> Broker<S> {
     pub async fn stats(&self) -> StoreResult<(StoreStats, u64)> {
         // Read before the store is asked (see `stats_tube`).
         let waiting = self.waiters.total();
-        Ok((self.store.stats().await?, waiting))
+        Ok((
+            self.call(StoreOp::Stats, self.store.stats()).await?,
+            waiting,
+        ))
     }
 
     /// Tubes that exist, oldest first.
     pub async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
-        self.store.list_tubes().await
+        self.call(StoreOp::ListTubes, self.store.list_tubes()).await
     }
 
     /// Queues `conn` on `tubes`. The caller then serves them
@@ -326,7 +387,7 @@ impl<S: Store> Broker<S> {
     /// Moves what has fallen due and hands it out. Returns the time until
     /// the next due time, if anything is pending.
     pub async fn tick(&self) -> StoreResult<Option<Duration>> {
-        let tick = self.store.tick().await?;
+        let tick = self.call(StoreOp::Tick, self.store.tick()).await?;
         self.serve(&tick.ready).await;
         Ok(tick.next)
     }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -40,27 +41,52 @@ impl<S: Store> Broker<S> {
 
     /// The timer: moves due jobs, hands them out, sleeps until the next due
     /// time or until woken by an earlier one. Returns on shutdown.
+    ///
+    /// Once measuring is on, each time it wakes for a due time it records
+    /// how late delivery was (`delayq_due_lateness_seconds`): from that due
+    /// time until the tick that moved what had fallen due, and the hand-out
+    /// pass that gave it to the waiting workers, had both finished.
     pub async fn run_timer(&self, shutdown: CancellationToken) {
         let mut clock = PreciseSleep::new();
+        // The due time the timer woke for, until what fell due by then has
+        // all been moved and handed out.
+        let mut late_since: Option<Instant> = None;
         loop {
             self.alarm.forget();
             let next = match self.tick().await {
-                Ok(next) => next,
+                Ok(next) => {
+                    // A tick that used up its budget (next due: now) left
+                    // due work to the next one.
+                    if next != Some(Duration::ZERO)
+                        && let Some(due) = late_since.take()
+                    {
+                        self.instruments.late(due.elapsed());
+                    }
+                    next
+                }
                 Err(e) => {
                     warn!(error = %e, "timer tick failed; retrying");
                     Some(TICK_RETRY)
                 }
             };
-            let next = match (next, self.store.max_sleep()) {
-                (Some(due), Some(most)) => Some(due.min(most)),
-                (due, most) => due.or(most),
+            // A shared engine's timer also wakes when nothing is due (a
+            // heartbeat), which is no due time to be late for.
+            let (next, beat) = match (next, self.store.max_sleep()) {
+                (Some(due), Some(most)) if most < due => (Some(most), true),
+                (Some(due), _) => (Some(due), false),
+                (None, most) => (most, most.is_some()),
             };
-            if let Some(after) = next {
-                self.alarm.expect(after);
-            }
-            tokio::select! {
-                () = self.alarm.sleep(&mut clock) => {}
+            let expected = next.map(|after| self.alarm.expect(after));
+            let heartbeat = expected.filter(|_| beat);
+            let woke = tokio::select! {
+                woke = self.alarm.sleep(&mut clock) => woke,
                 () = shutdown.cancelled() => return,
+            };
+            if let Some(due) = woke.filter(|&due| Some(due) != heartbeat)
+                && late_since.is_none()
+                && self.instruments.is_on()
+            {
+                late_since = Some(due);
             }
         }
     }

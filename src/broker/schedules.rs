@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 use super::Broker;
 use crate::error::StoreResult;
 use crate::job::{Lifecycle, NewJob, PutOutcome};
+use crate::metrics::StoreOp;
 use crate::schedule::{Schedule, now_ms};
 use crate::store::Store;
 
@@ -88,14 +89,21 @@ impl<S: Store> Broker<S> {
     /// Registers or replaces a schedule; `false` if the store has too many.
     pub async fn set_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
         let encoded = schedule.encode().into();
-        let set = self.store.set_schedule(&schedule.name, encoded).await?;
+        let set = self
+            .call(
+                StoreOp::SetSchedule,
+                self.store.set_schedule(&schedule.name, encoded),
+            )
+            .await?;
         self.reschedule.notify_one();
         Ok(set)
     }
 
     /// Removes a schedule; returns whether there was one.
     pub async fn remove_schedule(&self, name: &str) -> StoreResult<bool> {
-        let gone = self.store.remove_schedule(name).await?;
+        let gone = self
+            .call(StoreOp::RemoveSchedule, self.store.remove_schedule(name))
+            .await?;
         self.reschedule.notify_one();
         Ok(gone)
     }
@@ -103,8 +111,7 @@ impl<S: Store> Broker<S> {
     /// Every schedule, by name.
     pub async fn schedules(&self) -> StoreResult<Vec<Schedule>> {
         let mut all: Vec<Schedule> = self
-            .store
-            .schedules()
+            .call(StoreOp::Schedules, self.store.schedules())
             .await?
             .iter()
             .filter_map(|raw| {

@@ -56,26 +56,36 @@ impl Alarm {
         self.next.store(u64::MAX, Ordering::Release);
     }
 
-    /// The timer found that the next thing falls due `after` from now.
-    pub fn expect(&self, after: Duration) {
-        self.next.fetch_min(self.at(after), Ordering::AcqRel);
+    /// The timer found that the next thing falls due `after` from now;
+    /// returns that moment as [`Alarm::sleep`] would name it.
+    pub fn expect(&self, after: Duration) -> Instant {
+        let at = self.at(after);
+        self.next.fetch_min(at, Ordering::AcqRel);
+        self.instant(at)
+    }
+
+    fn instant(&self, at: u64) -> Instant {
+        self.epoch + Duration::from_micros(at)
     }
 
     /// Sleeps until the earliest due time known, or until an earlier one is
-    /// scheduled.
-    pub async fn sleep(&self, clock: &mut PreciseSleep) {
+    /// scheduled. Returns the due time if it was reached.
+    pub async fn sleep(&self, clock: &mut PreciseSleep) -> Option<Instant> {
         let at = self.next.load(Ordering::Acquire);
+        let due = (at != u64::MAX).then(|| self.instant(at));
         let until = async {
-            if at == u64::MAX {
-                std::future::pending::<()>().await;
-            } else {
-                clock.until(self.epoch + Duration::from_micros(at)).await;
+            match due {
+                None => std::future::pending::<()>().await,
+                Some(due) => clock.until(due).await,
             }
         };
         tokio::select! {
             () = until => {}
             () = self.notify.notified() => {}
         }
+        // Woken for an earlier due time at the moment this one passed, the
+        // timer has reached this one all the same.
+        due.filter(|&due| Instant::now() >= due)
     }
 }
 

@@ -1,13 +1,346 @@
-//! The JSON API under `/v1` (filled in by the HTTP API work).
+//! The JSON API under `/v1`, and its OpenAPI document (`openapi.json`,
+//! served at `/v1/openapi.json`).
+//!
+//! Every route is an adapter: it reads the path, the query and the JSON
+//! body into the [`Command`] the text protocol and JSON lines would make
+//! (with the JSON-lines field rules of [`crate::protocol::json`]), runs it
+//! in a [`Session`] acting as [`HTTP_CONN`] through
+//! [`connection::run`] (in a task of its own, so that a client hanging up
+//! never cuts a command off half way), and writes the [`Reply`] as JSON
+//! with an HTTP status (`output.rs`). Validation, engine calls and reply
+//! shapes are the protocol's, written once.
+//!
+//! * `input.rs`: tubes and ids from the path, the bounded JSON body, the
+//!   query;
+//! * `output.rs`: replies as responses (status, JSON body, headers).
+//!
+//! A session lives for one request ([`Session::request`]): it counts no
+//! connection and uses no tube, so it is dropped with nothing to undo, and
+//! the jobs it reserves stay reserved by [`HTTP_CONN`] until finished,
+//! released, buried or their TTR runs out. A reserve that finds nothing
+//! ready is a long-poll: it waits on the broker as a blocked text
+//! connection does ([`crate::protocol::session::Blocked`]), and a client
+//! that hangs up meanwhile drops it, which leaves the queue and gives back
+//! a job already on its way.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
+use axum::extract::State;
+use axum::handler::Handler;
+use axum::http::{Method, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter, on};
+use serde_json::{Map, Value};
+use tokio::time::Instant;
 
-use crate::protocol::session::Shared;
+use super::HTTP_CONN;
+use crate::names::{JobId, Tube};
+use crate::protocol::ClientError;
+use crate::protocol::command::Command;
+use crate::protocol::connection;
+use crate::protocol::json;
+use crate::protocol::reply::Reply;
+use crate::protocol::session::{Outcome, Session, Shared};
 use crate::store::Store;
 
-/// The API's routes.
+mod input;
+mod output;
+
+use input::{Fields, InJob, InTube, query_fields};
+use output::{document, reply};
+
+/// The OpenAPI document, compiled in.
+const OPENAPI: &str = include_str!("openapi.json");
+
+/// Longest a reserve may wait, in seconds (`timeout`). A client that
+/// vanishes without closing its connection (a NAT or proxy dropping it
+/// silently) goes unnoticed for as long, and a job handed to it comes back
+/// only after its TTR: a long wait is better made of several short ones.
+pub const MAX_WAIT: u32 = 300;
+
+/// A route: its path, its method, and what serves it.
+type Route<S> = (&'static str, Method, MethodRouter<Arc<Shared<S>>>);
+
+/// `handler` at `method path`.
+fn at<S, H, T>(method: Method, path: &'static str, handler: H) -> Route<S>
+where
+    S: Store,
+    H: Handler<T, Arc<Shared<S>>>,
+    T: 'static,
+{
+    let filter =
+        MethodFilter::try_from(method.clone()).expect("the table's methods are method filters");
+    (path, method, on(filter, handler))
+}
+
+/// Every route under `/v1`, written once for the router and [`paths`].
+fn table<S: Store>() -> Vec<Route<S>> {
+    vec![
+        at(Method::GET, "/openapi.json", openapi),
+        at(Method::GET, "/stats", stats::<S>),
+        at(Method::GET, "/tubes", list_tubes::<S>),
+        at(Method::POST, "/tubes/{tube}/jobs", add::<S>),
+        at(Method::POST, "/tubes/{tube}/reserve", reserve::<S>),
+        at(Method::POST, "/tubes/{tube}/kick", kick::<S>),
+        at(Method::POST, "/tubes/{tube}/pause", pause::<S>),
+        at(Method::GET, "/tubes/{tube}/stats", stats_tube::<S>),
+        at(Method::GET, "/tubes/{tube}/ready", peek_ready::<S>),
+        at(Method::GET, "/tubes/{tube}/delayed", peek_delayed::<S>),
+        at(Method::GET, "/tubes/{tube}/buried", peek_buried::<S>),
+        at(Method::GET, "/jobs/{id}", peek::<S>),
+        at(Method::DELETE, "/jobs/{id}", delete::<S>),
+        at(Method::GET, "/jobs/{id}/stats", stats_job::<S>),
+        at(Method::POST, "/jobs/{id}/finish", finish::<S>),
+        at(Method::POST, "/jobs/{id}/release", release::<S>),
+        at(Method::POST, "/jobs/{id}/bury", bury::<S>),
+        at(Method::POST, "/jobs/{id}/touch", touch::<S>),
+        at(Method::POST, "/jobs/{id}/kick", kick_job::<S>),
+    ]
+}
+
+/// The API's routes, under `/v1`. A path it does not know, or a method a
+/// path does not take, gets a JSON error too.
 pub fn routes<S: Store>() -> Router<Arc<Shared<S>>> {
-    Router::new()
+    let v1 = table::<S>()
+        .into_iter()
+        .fold(Router::new(), |router, (path, _, route)| {
+            router.route(path, route)
+        })
+        .fallback(output::unknown_path)
+        .method_not_allowed_fallback(output::wrong_method);
+    Router::new().nest("/v1", v1)
+}
+
+/// Every route as `(method, path)`, the path as the OpenAPI document
+/// writes it (`/v1/tubes/{tube}/jobs`), the method in lower case: the
+/// tests check the document against this list.
+pub fn paths() -> Vec<(String, String)> {
+    table::<crate::store::memory::MemoryStore>()
+        .into_iter()
+        .map(|(path, method, _)| (method.as_str().to_ascii_lowercase(), format!("/v1{path}")))
+        .collect()
+}
+
+/// Runs `cmd` in a session of its own with `tube` as its tube, and returns
+/// the reply. A reserve that finds nothing ready waits on the broker until
+/// a job is handed over or its timeout passes.
+async fn run<S: Store>(
+    shared: Arc<Shared<S>>,
+    tube: Tube,
+    cmd: Result<Command, ClientError>,
+) -> Reply {
+    let cmd = match cmd {
+        Ok(cmd) => cmd,
+        Err(e) => return e.into(),
+    };
+    let started = Instant::now();
+    let mut session = Session::request(shared, HTTP_CONN, tube);
+    // Carried out in a task of its own, as a connection's commands are
+    // never cut off half way: a client that hangs up must not leave a put
+    // on the disk but not yet handed out, or a release whose delay the
+    // timer was never told of. (Only the long-poll below ends with its
+    // client, which `Blocked` is made for.)
+    let ran = tokio::spawn(async move {
+        let outcome = connection::run(&mut session, cmd).await;
+        (session, outcome)
+    })
+    .await;
+    let Ok((mut session, outcome)) = ran else {
+        // It panicked; the panic is logged.
+        return Reply::InternalError;
+    };
+    match outcome {
+        Outcome::Reply(reply) => reply,
+        Outcome::Wait {
+            tubes,
+            timeout,
+            batch,
+        } => {
+            let mut blocked = session.block(tubes, timeout, batch, started);
+            // Every reserve here has a timeout (`reserve` sees to it).
+            let until = blocked
+                .timeout_at()
+                .unwrap_or_else(|| started + Duration::from_secs(MAX_WAIT.into()));
+            tokio::select! {
+                handed = blocked.handed() => blocked.deliver(&mut session, handed).await,
+                () = tokio::time::sleep_until(until) => blocked
+                    .end(&mut session, Some(Reply::TimedOut))
+                    .await
+                    .unwrap_or(Reply::TimedOut),
+            }
+        }
+        // No command made here quits.
+        Outcome::Quit => Reply::InternalError,
+    }
+}
+
+/// A command that names no tube runs with `default` as its session's
+/// tube; the session does not use it, so it is neither created nor
+/// counted.
+fn no_tube() -> Tube {
+    Tube::default_tube()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn add<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+    Fields(fields): Fields,
+) -> Response {
+    let cmd = json::add(&fields, Ok(tube.clone()), shared.config.max_job_size);
+    reply(run(shared, tube, cmd).await)
+}
+
+/// `timeout` (seconds, default 0, at most [`MAX_WAIT`]) and `count` (a
+/// batch), in the query or the JSON body.
+async fn reserve<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+    uri: Uri,
+    Fields(fields): Fields,
+) -> Response {
+    let cmd = reserve_command(&uri, fields, &tube);
+    reply(run(shared, tube, cmd).await)
+}
+
+/// The reserve a request asks for.
+fn reserve_command(
+    uri: &Uri,
+    mut fields: Map<String, Value>,
+    tube: &Tube,
+) -> Result<Command, ClientError> {
+    query_fields(uri, &mut fields)?;
+    // Over HTTP a reserve without a timeout answers at once, not never.
+    if matches!(fields.get("timeout"), None | Some(Value::Null)) {
+        fields.insert("timeout".into(), Value::from(0));
+    }
+    let cmd = json::pop(&fields, Ok(tube.clone()))?;
+    match cmd {
+        Command::Reserve {
+            timeout: Some(t), ..
+        }
+        | Command::ReserveBatch {
+            timeout: Some(t), ..
+        } if t <= MAX_WAIT => Ok(cmd),
+        _ => Err(ClientError::BadFormat),
+    }
+}
+
+async fn kick<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+    Fields(fields): Fields,
+) -> Response {
+    reply(run(shared, tube, json::kick(&fields)).await)
+}
+
+async fn pause<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+    Fields(fields): Fields,
+) -> Response {
+    let cmd = json::pause(tube.clone(), &fields);
+    reply(run(shared, tube, cmd).await)
+}
+
+async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
+    document(run(shared, no_tube(), Ok(Command::Stats)).await, "stats")
+}
+
+async fn list_tubes<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
+    document(
+        run(shared, no_tube(), Ok(Command::ListTubes)).await,
+        "tubes",
+    )
+}
+
+async fn stats_tube<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+) -> Response {
+    let cmd = Ok(Command::StatsTube(tube.clone()));
+    document(run(shared, tube, cmd).await, "stats")
+}
+
+async fn peek_ready<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+) -> Response {
+    reply(run(shared, tube, Ok(Command::PeekReady)).await)
+}
+
+async fn peek_delayed<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+) -> Response {
+    reply(run(shared, tube, Ok(Command::PeekDelayed)).await)
+}
+
+async fn peek_buried<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InTube(tube): InTube,
+) -> Response {
+    reply(run(shared, tube, Ok(Command::PeekBuried)).await)
+}
+
+/// Runs a command about one job, made from its id alone.
+async fn on_job<S: Store>(shared: Arc<Shared<S>>, make: fn(JobId) -> Command, id: JobId) -> Reply {
+    run(shared, no_tube(), Ok(make(id))).await
+}
+
+async fn peek<S: Store>(State(shared): State<Arc<Shared<S>>>, InJob(id): InJob) -> Response {
+    reply(on_job(shared, Command::Peek, id).await)
+}
+
+async fn delete<S: Store>(State(shared): State<Arc<Shared<S>>>, InJob(id): InJob) -> Response {
+    reply(on_job(shared, Command::Delete, id).await)
+}
+
+async fn stats_job<S: Store>(State(shared): State<Arc<Shared<S>>>, InJob(id): InJob) -> Response {
+    document(on_job(shared, Command::StatsJob, id).await, "stats")
+}
+
+async fn finish<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InJob(id): InJob,
+    Fields(_): Fields,
+) -> Response {
+    reply(on_job(shared, Command::Finish, id).await)
+}
+
+async fn touch<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InJob(id): InJob,
+    Fields(_): Fields,
+) -> Response {
+    reply(on_job(shared, Command::Touch, id).await)
+}
+
+async fn kick_job<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InJob(id): InJob,
+    Fields(_): Fields,
+) -> Response {
+    reply(on_job(shared, Command::KickJob, id).await)
+}
+
+async fn release<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InJob(id): InJob,
+    Fields(fields): Fields,
+) -> Response {
+    reply(run(shared, no_tube(), json::release(id, &fields)).await)
+}
+
+async fn bury<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    InJob(id): InJob,
+    Fields(fields): Fields,
+) -> Response {
+    reply(run(shared, no_tube(), json::bury(id, &fields)).await)
 }

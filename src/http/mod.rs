@@ -3,7 +3,8 @@
 //! the dashboard, all on one listener, built on axum.
 //!
 //! * `api.rs`: the JSON API under `/v1`, and its OpenAPI document;
-//! * `metrics.rs`: `/metrics`, in OpenMetrics text.
+//! * `metrics.rs`: `/metrics`, in OpenMetrics text;
+//! * `dashboard.rs`: the page at `/`, which works through the API.
 //!
 //! Every route reaches the store the way a text connection does: it builds
 //! a [`crate::protocol::command::Command`] and runs it in a
@@ -21,6 +22,7 @@ use crate::protocol::session::Shared;
 use crate::store::Store;
 
 pub mod api;
+pub mod dashboard;
 pub mod metrics;
 
 /// The connection id every HTTP request acts as: HTTP has no connection
@@ -34,6 +36,7 @@ pub fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
         .merge(api::routes::<S>())
         .merge(metrics::routes::<S>())
+        .merge(dashboard::routes::<S>())
         .with_state(shared)
 }
 

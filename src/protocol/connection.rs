@@ -102,15 +102,9 @@ async fn answer<S: Store>(
     request: Request,
     shutdown: &CancellationToken,
 ) -> bool {
-    let limit = session.broker().call_limit();
     let started = Instant::now();
     let outcome = match request.command {
-        // Boxed: the command's future is large and short-lived, and a
-        // connection blocked in `reserve` should not carry its room.
-        Ok(cmd) => match within(limit, Box::pin(session.handle(cmd))).await {
-            Some(outcome) => outcome,
-            None => Outcome::Reply(failed(session.id, out_of_time())),
-        },
+        Ok(cmd) => run(session, cmd).await,
         Err(e) => Outcome::Reply(e.into()),
     };
     let reply = match outcome {
@@ -144,6 +138,19 @@ async fn answer<S: Store>(
         },
     )
     .await
+}
+
+/// Carries out one command within the store's time limit: one the store
+/// does not answer in time is `INTERNAL_ERROR`. The HTTP front end runs its
+/// commands through here too.
+pub async fn run<S: Store>(session: &mut Session<S>, cmd: Command) -> Outcome {
+    let limit = session.broker().call_limit();
+    // Boxed: the command's future is large and short-lived, and a
+    // connection blocked in `reserve` should not carry its room.
+    match within(limit, Box::pin(session.handle(cmd))).await {
+        Some(outcome) => outcome,
+        None => Outcome::Reply(failed(session.id, out_of_time())),
+    }
 }
 
 /// Sends the queued replies once every change they answer is safe; false
@@ -265,42 +272,6 @@ fn shrink_when_idle(wire: &mut Wire) {
     }
 }
 
-/// How far past a reserve's timeout a job may fall due and still be
-/// delivered: the timeout runs on this process's clock, due times on the
-/// engine's (Redis's), and the two may differ by a few milliseconds.
-const TIMEOUT_GRACE: Duration = Duration::from_millis(10);
-
-/// Before a reserve times out, moves whatever has fallen due and tries once
-/// more, as beanstalkd does: a job due a millisecond before the timeout must
-/// not be missed because the timer had not run yet.
-async fn last_chance<S: Store>(
-    session: &mut Session<S>,
-    tubes: &[Tube],
-    batch: Option<usize>,
-) -> Reply {
-    for _ in 0..3 {
-        let broker = session.broker();
-        let next = match broker.tick().await {
-            Ok(next) => next,
-            Err(e) => {
-                debug!(error = %e, "tick before a reserve timeout failed");
-                None
-            }
-        };
-        // A pass may have reserved a job for this very connection as it
-        // timed out, and be giving it back.
-        broker.settle().await;
-        if let Ok(Some(reply)) = session.reserve_now(tubes, batch).await {
-            return reply;
-        }
-        match next {
-            Some(after) if after <= TIMEOUT_GRACE => tokio::time::sleep(after).await,
-            _ => break,
-        }
-    }
-    Reply::TimedOut
-}
-
 /// `work`'s result, or `None` if a `limit` is set and it runs out first.
 async fn within<T>(
     limit: Option<Duration>,
@@ -354,29 +325,16 @@ async fn wait<S: Store>(
         timeout,
         batch,
     } = wanted;
-    let timeout_at = timeout.map(|t| Instant::now() + t);
     let soon_at = session.deadline_soon_at();
-    let limit = session.broker().call_limit();
-    let (waiter, mut rx) = session.broker().register(session.id, tubes.clone());
-    // Served in a task of its own, not before the loop: should the store
-    // hang, the timeout still ends the wait on time; and a pass is never
-    // cut off half way (a job it reserved for a waiter that left is given
-    // back, not left reserved by a closed connection).
-    let shared = session.shared.clone();
-    let serving_tubes = tubes.clone();
-    tokio::spawn(async move { shared.broker.serve_waiting(&serving_tubes).await });
+    let mut blocked = session.block(tubes, timeout, batch, started);
+    let timeout_at = blocked.timeout_at();
     let mut ahead = BytesMut::new();
     let give_up = loop {
         let socket = wire.get_ref();
         tokio::select! {
-            handed = &mut rx => {
+            handed = blocked.handed() => {
                 wire.read_buffer_mut().extend_from_slice(&ahead);
-                // A sender is only dropped unsent if the waiter was taken
-                // without a job, which the broker never does.
-                return Some(match handed {
-                    Ok(got) => session.handed(got, &tubes, batch).await,
-                    Err(_) => Reply::TimedOut,
-                });
+                return Some(blocked.deliver(session, handed).await);
             }
             () = sleep_until_some(timeout_at) => break Some(Reply::TimedOut),
             () = sleep_until_some(soon_at) => break Some(Reply::DeadlineSoon),
@@ -395,31 +353,7 @@ async fn wait<S: Store>(
         }
     };
     wire.read_buffer_mut().extend_from_slice(&ahead);
-    if session.broker().stop_waiting(waiter) {
-        if give_up == Some(Reply::TimedOut) {
-            // Boxed: a connection blocked in `reserve` should hold only the
-            // waiting itself, not the room of this passing future.
-            // The command's time on the store is counted from when it
-            // began: a `reserve-with-timeout T` answers by T plus the
-            // limit, however long its first look took.
-            let deadline = limit.map(|limit| started + timeout.unwrap_or_default() + limit);
-            let last = until(deadline, Box::pin(last_chance(session, &tubes, batch))).await;
-            return Some(last.unwrap_or(Reply::TimedOut));
-        }
-        return give_up;
-    }
-    // The broker took this waiter first: a job is on its way. It is this
-    // connection's now; if the connection is closing, closing returns it.
-    match rx.await {
-        Ok(got) => {
-            let reply = session.took(got);
-            give_up.map(|_| match reply {
-                Reply::Reserved(job) if batch.is_some() => Reply::Batch(vec![job]),
-                reply => reply,
-            })
-        }
-        Err(_) => give_up,
-    }
+    blocked.end(session, give_up).await
 }
 
 /// What a blocked reserve waits for.

@@ -34,43 +34,8 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
         _ => return Err(ClientError::BadFormat),
     };
     match name {
-        "add" => {
-            let body = match obj.get("body") {
-                Some(Value::String(s)) => s.as_bytes(),
-                _ => return Err(ClientError::BadFormat),
-            };
-            if body.len() > max_job_size {
-                return Err(ClientError::JobTooBig);
-            }
-            let id = match obj.get("id") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => {
-                    Some(client_id(s.as_bytes()).ok_or(ClientError::BadFormat)?)
-                }
-                Some(_) => return Err(ClientError::BadFormat),
-            };
-            Ok(Command::Put {
-                pri: seconds(&obj, "priority")?.unwrap_or(DEFAULT_PRIORITY),
-                delay: seconds(&obj, "delay")?.unwrap_or(0),
-                ttr: seconds(&obj, "ttr")?.unwrap_or(DEFAULT_TTR),
-                id,
-                tube: Some(topic(&obj)?),
-                body: Bytes::copy_from_slice(body),
-                life: life(&obj)?,
-            })
-        }
-        "pop" => {
-            let (timeout, tube) = (seconds(&obj, "timeout")?, Some(topic(&obj)?));
-            Ok(match obj.get("count") {
-                None | Some(Value::Null) => Command::Reserve { timeout, tube },
-                Some(Value::Number(n)) => Command::ReserveBatch {
-                    count: batch_size(n.to_string().as_bytes())?,
-                    timeout,
-                    tube,
-                },
-                Some(_) => return Err(ClientError::BadFormat),
-            })
-        }
+        "add" => add(&obj, topic(&obj), max_job_size),
+        "pop" => pop(&obj, topic(&obj)),
         "finish" | "delete" => {
             let finish = name == "finish";
             if let Some(ids) = obj.get("ids") {
@@ -136,6 +101,88 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
         "schedules" => Ok(Command::ListSchedules),
         _ => Err(ClientError::UnknownCommand),
     }
+}
+
+/// An `add`'s job, into `tube` (JSON-lines: the `topic`; HTTP: the tube of
+/// the path), or why there is none. The tube's own error comes after the
+/// body's and the numbers', as JSON-lines has always answered.
+pub(crate) fn add(
+    obj: &Map<String, Value>,
+    tube: Result<Tube, ClientError>,
+    max_job_size: usize,
+) -> Result<Command, ClientError> {
+    let body = match obj.get("body") {
+        Some(Value::String(s)) => s.as_bytes(),
+        _ => return Err(ClientError::BadFormat),
+    };
+    if body.len() > max_job_size {
+        return Err(ClientError::JobTooBig);
+    }
+    let id = match obj.get("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(client_id(s.as_bytes()).ok_or(ClientError::BadFormat)?),
+        Some(_) => return Err(ClientError::BadFormat),
+    };
+    Ok(Command::Put {
+        pri: seconds(obj, "priority")?.unwrap_or(DEFAULT_PRIORITY),
+        delay: seconds(obj, "delay")?.unwrap_or(0),
+        ttr: seconds(obj, "ttr")?.unwrap_or(DEFAULT_TTR),
+        id,
+        tube: Some(tube?),
+        body: Bytes::copy_from_slice(body),
+        life: life(obj)?,
+    })
+}
+
+/// A `pop` from `tube`: `timeout` (none waits for as long as it takes) and
+/// `count` (a batch).
+pub(crate) fn pop(
+    obj: &Map<String, Value>,
+    tube: Result<Tube, ClientError>,
+) -> Result<Command, ClientError> {
+    let (timeout, tube) = (seconds(obj, "timeout")?, Some(tube?));
+    Ok(match obj.get("count") {
+        None | Some(Value::Null) => Command::Reserve { timeout, tube },
+        Some(Value::Number(n)) => Command::ReserveBatch {
+            count: batch_size(n.to_string().as_bytes())?,
+            timeout,
+            tube,
+        },
+        Some(_) => return Err(ClientError::BadFormat),
+    })
+}
+
+/// A `release` of job `id`: `priority` (default [`DEFAULT_PRIORITY`], as
+/// for `add`) and `delay` (default 0).
+pub(crate) fn release(id: JobId, obj: &Map<String, Value>) -> Result<Command, ClientError> {
+    Ok(Command::Release {
+        id,
+        pri: seconds(obj, "priority")?.unwrap_or(DEFAULT_PRIORITY),
+        delay: seconds(obj, "delay")?.unwrap_or(0),
+    })
+}
+
+/// A `bury` of job `id`: `priority` (default [`DEFAULT_PRIORITY`]).
+pub(crate) fn bury(id: JobId, obj: &Map<String, Value>) -> Result<Command, ClientError> {
+    Ok(Command::Bury {
+        id,
+        pri: seconds(obj, "priority")?.unwrap_or(DEFAULT_PRIORITY),
+    })
+}
+
+/// A `kick` of up to `bound` jobs (required: a whole number) of the
+/// session's tube.
+pub(crate) fn kick(obj: &Map<String, Value>) -> Result<Command, ClientError> {
+    match obj.get("bound") {
+        Some(Value::Number(n)) => n.as_u64().map(Command::Kick).ok_or(ClientError::BadFormat),
+        _ => Err(ClientError::BadFormat),
+    }
+}
+
+/// A `pause-tube` of `tube` for `delay` seconds (required).
+pub(crate) fn pause(tube: Tube, obj: &Map<String, Value>) -> Result<Command, ClientError> {
+    let delay = seconds(obj, "delay")?.ok_or(ClientError::BadFormat)?;
+    Ok(Command::PauseTube(tube, delay))
 }
 
 /// A schedule's `name`.

@@ -185,7 +185,23 @@ impl Reply {
     /// Writes the JSON-lines form: `{"success":true,...}` or
     /// `{"success":false,"error":WORD}`.
     pub fn encode_json(&self, dst: &mut BytesMut) {
-        let value = match self {
+        let value = self.to_json();
+        let mut w = dst.writer();
+        // Serializing a Value into memory cannot fail.
+        let _ = serde_json::to_writer(&mut w, &value);
+        w.get_mut().put_slice(b"\r\n");
+    }
+
+    /// The JSON form, as JSON lines and the HTTP API give it:
+    /// `{"success":true,...}` or `{"success":false,"error":WORD}`.
+    ///
+    /// The replies only text commands get have their JSON form too, for
+    /// the HTTP API: a release or a bury says whether the job ended up
+    /// buried (a release buries a job that has used up its tries), a kick
+    /// how many jobs it kicked. A YAML document has no form here: the HTTP
+    /// API shapes it (see [`super::stats::document_json`]).
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
             Reply::Inserted(id) | Reply::Deleted(id) | Reply::Finished(id) => {
                 json!({"success": true, "id": id.to_string()})
             }
@@ -215,12 +231,16 @@ impl Reply {
             Reply::Exists(id) => {
                 json!({"success": false, "error": self.word(), "id": id.to_string()})
             }
+            Reply::Released => json!({"success": true, "buried": false}),
+            Reply::Buried => json!({"success": true, "buried": true}),
+            Reply::Kicked(count) => json!({"success": true, "count": count}),
+            Reply::Watching(count) => json!({"success": true, "count": count}),
+            Reply::Using(tube) => json!({"success": true, "topic": tube.as_str()}),
+            Reply::Touched | Reply::KickedJob | Reply::Paused | Reply::Set => {
+                json!({"success": true})
+            }
             other => json!({"success": false, "error": other.word()}),
-        };
-        let mut w = dst.writer();
-        // Serializing a Value into memory cannot fail.
-        let _ = serde_json::to_writer(&mut w, &value);
-        w.get_mut().put_slice(b"\r\n");
+        }
     }
 }
 
@@ -356,5 +376,22 @@ mod tests {
         let mut b = BytesMut::new();
         Reply::NotFound.encode_json(&mut b);
         assert_eq!(&b[..], b"{\"success\":false,\"error\":\"NOT_FOUND\"}\r\n");
+        assert_eq!(
+            Reply::Released.to_json(),
+            json!({"success": true, "buried": false})
+        );
+        assert_eq!(
+            Reply::Buried.to_json(),
+            json!({"success": true, "buried": true})
+        );
+        assert_eq!(
+            Reply::Kicked(3).to_json(),
+            json!({"success": true, "count": 3})
+        );
+        assert_eq!(Reply::Touched.to_json(), json!({"success": true}));
+        assert_eq!(
+            Reply::TimedOut.to_json(),
+            json!({"success": false, "error": "TIMED_OUT"})
+        );
     }
 }

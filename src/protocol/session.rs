@@ -1,18 +1,20 @@
 //! One connection's session: its tubes, the jobs it holds, its roles, and
-//! what the whole server shares with it.
+//! what the whole server shares with it; and a reserve blocked on the
+//! broker ([`Blocked`]), as a connection and an HTTP long-poll both wait.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 
 use super::command::Command;
 use super::reply::Reply;
 use super::stats::{Cmd, ServerStats};
-use crate::broker::Broker;
+use crate::broker::{Broker, WaiterId};
 use crate::config::Config;
 use crate::error::StoreResult;
 use crate::job::{NewJob, Reserved};
@@ -63,6 +65,10 @@ pub struct Session<S: Store> {
     pub(super) deadlines: HashMap<JobId, Instant>,
     producer: bool,
     worker: bool,
+    /// Whether this is a connection's session ([`Session::open`]): counted
+    /// in `stats`, a user of its tubes, its jobs returned when it closes.
+    /// A request's ([`Session::request`]) is none of these.
+    connection: bool,
 }
 
 impl<S: Store> Session<S> {
@@ -95,6 +101,30 @@ impl<S: Store> Session<S> {
             deadlines: HashMap::new(),
             producer: false,
             worker: false,
+            connection: true,
+        }
+    }
+
+    /// Opens a session for one request of a front end without connections
+    /// (HTTP), acting as `id`, with `tube` as its used tube and its one
+    /// watched tube.
+    ///
+    /// It is not counted anywhere: not as a connection, producer or worker
+    /// in `stats`, and not as a user of `tube` (so asking about a tube does
+    /// not create it). So it has nothing to undo and is simply dropped
+    /// afterwards, even half way through a command: the jobs it reserved
+    /// stay reserved by `id` until they are finished, released, buried or
+    /// their TTR runs out.
+    pub fn request(shared: Arc<Shared<S>>, id: ConnId, tube: Tube) -> Session<S> {
+        Session {
+            id,
+            shared,
+            used: tube.clone(),
+            watched: vec![tube],
+            deadlines: HashMap::new(),
+            producer: false,
+            worker: false,
+            connection: false,
         }
     }
 
@@ -104,8 +134,11 @@ impl<S: Store> Session<S> {
     }
 
     /// Ends the session: its reservations go back to ready at once, its tubes
-    /// are let go.
+    /// are let go. A request's session has nothing to end.
     pub async fn close(self) {
+        if !self.connection {
+            return;
+        }
         let broker = &self.shared.broker;
         let conn = self.id;
         let held: Vec<JobId> = self.deadlines.keys().cloned().collect();
@@ -206,6 +239,9 @@ impl<S: Store> Session<S> {
         };
         let stats = &self.shared.stats;
         stats.count(counter);
+        if !self.connection {
+            return;
+        }
         let role = match counter {
             Cmd::Put => Some((&mut self.producer, &stats.producers)),
             Cmd::Reserve | Cmd::ReserveWithTimeout => Some((&mut self.worker, &stats.workers)),
@@ -248,7 +284,277 @@ impl<S: Store> Session<S> {
     }
 }
 
+impl<S: Store> Session<S> {
+    /// Blocks a reserve that found nothing ready ([`Outcome::Wait`]): queues
+    /// this session on `tubes`, then serves them, so that a job made ready
+    /// between the reserve's look and the queueing is not missed.
+    ///
+    /// `started` is when the reserve began: its time on the store is
+    /// counted from then.
+    pub fn block(
+        &self,
+        tubes: Arc<[Tube]>,
+        timeout: Option<Duration>,
+        batch: Option<usize>,
+        started: Instant,
+    ) -> Blocked<S> {
+        let timeout_at = timeout.map(|t| Instant::now() + t);
+        let (waiter, rx) = self.broker().register(self.id, tubes.clone());
+        // Served in a task of its own, not before the wait: should the store
+        // hang, the timeout still ends the wait on time; and a pass is never
+        // cut off half way (a job it reserved for a waiter that left is given
+        // back, not left reserved by a closed connection).
+        let shared = self.shared.clone();
+        let serving = tubes.clone();
+        tokio::spawn(async move { shared.broker.serve_waiting(&serving).await });
+        Blocked {
+            shared: self.shared.clone(),
+            conn: self.id,
+            waiter,
+            rx: Some(rx),
+            tubes,
+            timeout,
+            timeout_at,
+            batch,
+            started,
+        }
+    }
+}
+
+/// A reserve blocked on the broker: queued as a waiter of its tubes, it is
+/// handed a job by the hand-out pass that follows whatever makes one ready
+/// (a put, a release, a kick, the timer). Nothing polls. A text connection
+/// blocked in `reserve` and an HTTP long-poll both wait so; each adds what
+/// else it watches (the socket, `DEADLINE_SOON`).
+///
+/// Dropped before it ends ([`Blocked::end`], or a job taken with
+/// [`Blocked::handed`]), as an HTTP long-poll is when its client hangs up,
+/// it leaves the queue at once, and a job already handed to it goes back to
+/// ready: nothing waits for a client that has gone, and no job stays
+/// reserved by it.
+pub struct Blocked<S: Store> {
+    shared: Arc<Shared<S>>,
+    conn: ConnId,
+    waiter: WaiterId,
+    /// Where the handed job comes; `None` once one came or the waiter left
+    /// the queue, when dropping has nothing left to undo.
+    rx: Option<oneshot::Receiver<Reserved>>,
+    tubes: Arc<[Tube]>,
+    timeout: Option<Duration>,
+    timeout_at: Option<Instant>,
+    batch: Option<usize>,
+    started: Instant,
+}
+
+impl<S: Store> Blocked<S> {
+    /// When the reserve times out, if it has a timeout.
+    pub fn timeout_at(&self) -> Option<Instant> {
+        self.timeout_at
+    }
+
+    /// Waits for the job the broker hands over; `None` if the waiter was
+    /// dropped without one, which the broker never does. Cancel safe: a
+    /// job is either returned or still on its way.
+    pub async fn handed(&mut self) -> Option<Reserved> {
+        let rx = self.rx.as_mut()?;
+        let got = rx.await.ok();
+        self.rx = None;
+        got
+    }
+
+    /// The reply to what [`Blocked::handed`] returned: with a batch,
+    /// whatever else is ready joins the job, up to the batch's size.
+    pub async fn deliver(&self, session: &mut Session<S>, handed: Option<Reserved>) -> Reply {
+        match handed {
+            Some(got) => session.handed(got, &self.tubes, self.batch).await,
+            None => Reply::TimedOut,
+        }
+    }
+
+    /// Stops waiting, for `why`: `TIMED_OUT`, `DEADLINE_SOON`, or `None`
+    /// (the client left, or the server is stopping). Returns the reply.
+    ///
+    /// A timeout first moves whatever has fallen due and looks once more
+    /// (`last_chance`). If a job was handed over meanwhile, it is
+    /// the session's (its reply, if the client is still there; a closing
+    /// connection returns it).
+    pub async fn end(mut self, session: &mut Session<S>, why: Option<Reply>) -> Option<Reply> {
+        if self.shared.broker.stop_waiting(self.waiter) {
+            // Out of the queue: nothing can be handed over any more.
+            self.rx = None;
+            if why == Some(Reply::TimedOut) {
+                let limit = self.shared.broker.call_limit();
+                // The command's time on the store is counted from when it
+                // began: a `reserve-with-timeout T` answers by T plus the
+                // limit, however long its first look took.
+                let deadline =
+                    limit.map(|limit| self.started + self.timeout.unwrap_or_default() + limit);
+                // Boxed: a connection blocked in `reserve` should hold only
+                // the waiting itself, not the room of this passing future.
+                let last = Box::pin(last_chance(session, &self.tubes, self.batch));
+                let last = match deadline {
+                    Some(at) => tokio::time::timeout_at(at, last).await.ok(),
+                    None => Some(last.await),
+                };
+                return Some(last.unwrap_or(Reply::TimedOut));
+            }
+            return why;
+        }
+        // The broker took this waiter first: a job is on its way.
+        match self.handed().await {
+            Some(got) => {
+                let reply = session.took(got);
+                why.map(|_| match reply {
+                    Reply::Reserved(job) if self.batch.is_some() => Reply::Batch(vec![job]),
+                    reply => reply,
+                })
+            }
+            None => why,
+        }
+    }
+}
+
+impl<S: Store> Drop for Blocked<S> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        self.shared.broker.stop_waiting(self.waiter);
+        // Closed before the look, so that no job can arrive after it: a
+        // hand-out pass whose send fails gives its job back itself.
+        rx.close();
+        let Ok(got) = rx.try_recv() else {
+            return;
+        };
+        // A drop cannot wait: the job goes back in a task of its own, as a
+        // departed connection's do.
+        let (shared, conn) = (self.shared.clone(), self.conn);
+        let id = got.job.id;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = shared.broker.release_all(conn, &[id]).await {
+                    // Left to its TTR.
+                    error!(conn, error = %e, "cannot give back a job handed to a reserve that was dropped");
+                }
+            });
+        }
+    }
+}
+
+/// How far past a reserve's timeout a job may fall due and still be
+/// delivered: the timeout runs on this process's clock, due times on the
+/// engine's (Redis's), and the two may differ by a few milliseconds.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(10);
+
+/// Before a reserve times out, moves whatever has fallen due and tries once
+/// more, as beanstalkd does: a job due a millisecond before the timeout must
+/// not be missed because the timer had not run yet.
+async fn last_chance<S: Store>(
+    session: &mut Session<S>,
+    tubes: &[Tube],
+    batch: Option<usize>,
+) -> Reply {
+    for _ in 0..3 {
+        let broker = session.broker();
+        let next = match broker.tick().await {
+            Ok(next) => next,
+            Err(e) => {
+                debug!(error = %e, "tick before a reserve timeout failed");
+                None
+            }
+        };
+        // A pass may have reserved a job for this very connection as it
+        // timed out, and be giving it back.
+        broker.settle().await;
+        if let Ok(Some(reply)) = session.reserve_now(tubes, batch).await {
+            return reply;
+        }
+        match next {
+            Some(after) if after <= TIMEOUT_GRACE => tokio::time::sleep(after).await,
+            _ => break,
+        }
+    }
+    Reply::TimedOut
+}
+
 /// Whole seconds, as the text protocol gives times.
 pub(super) fn secs(n: u32) -> Duration {
     Duration::from_secs(n.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Lifecycle;
+    use crate::store::memory::MemoryStore;
+
+    fn shared() -> Arc<Shared<MemoryStore>> {
+        Arc::new(Shared {
+            broker: Broker::new(MemoryStore::new()),
+            stats: ServerStats::new(Arc::default()),
+            config: Config::default(),
+        })
+    }
+
+    async fn waiting(shared: &Shared<MemoryStore>) -> u64 {
+        shared.broker.stats().await.expect("stats").1
+    }
+
+    #[tokio::test]
+    async fn a_dropped_wait_leaves_the_queue_and_gives_back_a_job_handed_to_it() {
+        let shared = shared();
+        let tube = Tube::parse(b"t").expect("a tube name");
+        let tubes: Arc<[Tube]> = Arc::from([tube.clone()]);
+        let session = Session::request(shared.clone(), 7, tube.clone());
+
+        let blocked = session.block(tubes.clone(), None, None, Instant::now());
+        assert_eq!(waiting(&shared).await, 1);
+        drop(blocked);
+        assert_eq!(waiting(&shared).await, 0);
+
+        // The put's hand-out pass reserves the job for the waiter and sends
+        // it, but the waiter is dropped before it looks.
+        let blocked = session.block(tubes.clone(), None, None, Instant::now());
+        let job = NewJob {
+            tube: tube.clone(),
+            id: None,
+            pri: 0,
+            delay: Duration::ZERO,
+            ttr: Duration::from_secs(60),
+            body: bytes::Bytes::from_static(b"x"),
+            life: Lifecycle::default(),
+        };
+        shared.broker.put(job).await.expect("put");
+        assert_eq!(waiting(&shared).await, 0, "served");
+        assert!(
+            shared
+                .broker
+                .reserve(8, &tubes)
+                .await
+                .expect("reserve")
+                .is_none()
+        );
+        drop(blocked);
+        for _ in 0..100 {
+            if let Some(got) = shared.broker.reserve(8, &tubes).await.expect("reserve") {
+                assert_eq!(&got.job.body[..], b"x");
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the job handed to a dropped wait was not given back");
+    }
+
+    #[tokio::test]
+    async fn a_request_session_counts_only_its_commands() {
+        let shared = shared();
+        let mut session = Session::request(shared.clone(), 7, Tube::default_tube());
+        session.count(&Command::Reserve {
+            timeout: Some(0),
+            tube: None,
+        });
+        session.close().await;
+        assert_eq!(shared.stats.connections_now(), [0; 4]);
+        assert_eq!(waiting(&shared).await, 0);
+    }
 }

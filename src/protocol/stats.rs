@@ -201,6 +201,20 @@ impl ServerStats {
         self.draining.load(Ordering::Relaxed)
     }
 
+    /// Every command counter, named as `stats` names it less its `cmd-`
+    /// (`put`, `reserve-with-timeout`, ...), in `stats`' order.
+    pub fn commands(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        CMD_NAMES
+            .iter()
+            .zip(&self.cmds)
+            .map(|(name, n)| (name.trim_start_matches("cmd-"), get(n)))
+    }
+
+    /// How long the server has been up.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     /// The connection counts now, to be read before the store's figures
     /// are asked for (see [`crate::broker::Broker::stats`]).
     pub fn connections_now(&self) -> [u64; 4] {
@@ -391,6 +405,76 @@ pub fn render_tubes<'a>(tubes: impl IntoIterator<Item = &'a Tube>) -> String {
     y
 }
 
+/// Fields of the documents above that hold names or words: strings
+/// whatever they look like (a tube may be named `42`).
+const TEXT_FIELDS: &[&str] = &[
+    "id",
+    "name",
+    "tube",
+    "state",
+    "version",
+    "hostname",
+    "os",
+    "platform",
+    "buried-because",
+    "backoff",
+    "backoff-max",
+    "ttl",
+    "unique",
+];
+
+/// Fields of `stats-job` that print `none` when the job has no such option.
+const OPTIONAL_FIELDS: &[&str] = &["max-tries", "backoff", "backoff-max", "ttl", "unique"];
+
+/// One of the YAML documents above as JSON, for the HTTP API: a mapping
+/// as an object, in the same order; a list (of tubes) as an array of
+/// strings. Numbers are JSON numbers, `true` and `false` booleans, an
+/// option's `none` null, and a quoted value (a client id, the version) is
+/// the string inside the quotes.
+pub fn document_json(doc: &str) -> serde_json::Value {
+    use serde_json::Value;
+    let mut fields = serde_json::Map::new();
+    let mut items = Vec::new();
+    for line in doc.lines().filter(|l| *l != "---") {
+        if let Some(item) = line.strip_prefix("- ") {
+            items.push(Value::String(item.to_string()));
+        } else if let Some((key, raw)) = line.split_once(": ") {
+            fields.insert(key.to_string(), field_json(key, raw));
+        }
+    }
+    if fields.is_empty() {
+        Value::Array(items)
+    } else {
+        Value::Object(fields)
+    }
+}
+
+/// One `key: value` of a document as a JSON value (see [`document_json`]).
+fn field_json(key: &str, raw: &str) -> serde_json::Value {
+    use serde_json::Value;
+    let raw = match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        Some(inner) => inner,
+        None => raw,
+    };
+    if raw == "none" && OPTIONAL_FIELDS.contains(&key) {
+        return Value::Null;
+    }
+    if TEXT_FIELDS.contains(&key) {
+        return Value::String(raw.to_string());
+    }
+    if let Ok(b) = raw.parse::<bool>() {
+        return Value::Bool(b);
+    }
+    if let Ok(n) = raw.parse::<u64>() {
+        return Value::from(n);
+    }
+    // `rusage-utime` and `rusage-stime`: seconds with a fraction.
+    match raw.parse::<f64>() {
+        Ok(x) if x.is_finite() => Value::from(x),
+        _ => Value::String(raw.to_string()),
+    }
+}
+
 /// CPU time used by this process, user and system, as `seconds.micros`.
 fn rusage() -> (String, String) {
     // SAFETY: getrusage writes a plain C struct we own; zeroed is a valid value.
@@ -447,6 +531,104 @@ mod tests {
         assert_eq!(secs_left(Duration::from_micros(1)), 0);
         assert_eq!(secs_left(Duration::ZERO), 0);
         assert_eq!(secs(ms(59_999)), 59);
+    }
+
+    /// Checks that every field of `doc` comes out as its kind: a string
+    /// exactly for the text fields, `null` only for an option that is not
+    /// set; returns the object.
+    fn typed_fields(doc: &str) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::Value;
+        let Value::Object(fields) = document_json(doc) else {
+            panic!("not an object: {doc}")
+        };
+        assert_eq!(fields.len(), doc.lines().count() - 1, "every field");
+        for (key, value) in &fields {
+            let text = TEXT_FIELDS.contains(&key.as_str());
+            match value {
+                Value::String(_) => assert!(text, "{key} should be a number: {value}"),
+                Value::Number(_) | Value::Bool(_) => assert!(!text, "{key}: {value}"),
+                Value::Null => assert!(OPTIONAL_FIELDS.contains(&key.as_str()), "{key}"),
+                _ => panic!("{key}: {value}"),
+            }
+        }
+        fields
+    }
+
+    #[test]
+    fn documents_as_json_keep_names_as_strings_and_numbers_as_numbers() {
+        use serde_json::json;
+        let doc =
+            ServerStats::new(Arc::default()).render([1, 0, 0, 2], &StoreStats::default(), 0, 65535);
+        let stats = typed_fields(&doc);
+        assert_eq!(stats["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(stats["current-connections"], 1);
+        assert_eq!(stats["draining"], false);
+        assert!(stats["rusage-utime"].is_f64());
+
+        let tube = Tube::parse(b"42").expect("a tube name");
+        let tube_stats = TubeStats {
+            name: tube.clone(),
+            counts: Default::default(),
+            total_jobs: 3,
+            expired: 1,
+            using: 0,
+            watching: 0,
+            cmd_delete: 0,
+            cmd_pause_tube: 0,
+            pause: Duration::ZERO,
+            pause_time_left: Duration::ZERO,
+        };
+        let fields = typed_fields(&render_tube(&tube_stats, 2));
+        assert_eq!(
+            (&fields["name"], &fields["current-waiting"]),
+            (&json!("42"), &json!(2))
+        );
+
+        let life = crate::job::LifeStats {
+            options: crate::job::Lifecycle {
+                tries: Some(3),
+                ttl: Some(Duration::from_secs(86_400)),
+                ..Default::default()
+            },
+            tries: 3,
+            dead: true,
+        };
+        let job = JobStats {
+            id: JobId::Client("order:7".into()),
+            tube,
+            state: JobState::Buried,
+            pri: 5,
+            age: Duration::ZERO,
+            delay: Duration::ZERO,
+            ttr: Duration::from_secs(60),
+            time_left: Duration::ZERO,
+            counters: Default::default(),
+            life: Some(life),
+        };
+        let fields = typed_fields(&render_job(&job));
+        assert_eq!(fields["id"], "order:7");
+        assert_eq!(fields["tube"], "42");
+        assert_eq!(
+            (&fields["max-tries"], &fields["tries"]),
+            (&json!(3), &json!(3))
+        );
+        assert_eq!(
+            (&fields["ttl"], &fields["unique"]),
+            (&json!("1d"), &json!(null))
+        );
+        assert_eq!(fields["buried-because"], "tries");
+        let job = JobStats {
+            id: JobId::Server(7),
+            life: None,
+            ..job
+        };
+        assert_eq!(typed_fields(&render_job(&job))["id"], "7");
+
+        assert_eq!(
+            document_json(&render_tubes(&[Tube::default_tube()])),
+            json!(["default"])
+        );
+        assert_eq!(document_json("---\n"), json!([]));
     }
 
     #[test]

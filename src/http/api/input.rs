@@ -1,0 +1,123 @@
+//! What a request says: the tube or job id in its path, its JSON body and
+//! its query, each checked as the text protocol and JSON lines check them.
+//! A request that cannot be read is refused with the protocol's word and a
+//! JSON body, never axum's plain-text rejection.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::Uri;
+use axum::http::request::Parts;
+use axum::response::Response;
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use serde_json::{Map, Value};
+
+use super::output::refuse;
+use crate::names::{JobId, Tube, parse_u64};
+use crate::protocol::ClientError;
+use crate::protocol::codec::Limits;
+use crate::protocol::session::Shared;
+use crate::store::Store;
+
+/// The tube a path names (`{tube}`, percent-decoded), checked as `use`
+/// checks it.
+pub struct InTube(pub Tube);
+
+impl<St: Send + Sync> FromRequestParts<St> for InTube {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &St) -> Result<Self, Response> {
+        let raw = one_param(parts, state).await?;
+        Tube::parse(raw.as_bytes())
+            .map(InTube)
+            .ok_or_else(|| refuse(ClientError::BadFormat))
+    }
+}
+
+/// The job a path names (`{id}`, percent-decoded): digits are a server id,
+/// anything else a client id, as [`JobId::parse`] decides.
+pub struct InJob(pub JobId);
+
+impl<St: Send + Sync> FromRequestParts<St> for InJob {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &St) -> Result<Self, Response> {
+        let raw = one_param(parts, state).await?;
+        JobId::parse(raw.as_bytes())
+            .map(InJob)
+            .ok_or_else(|| refuse(ClientError::BadFormat))
+    }
+}
+
+/// The path's one parameter; text that does not decode to UTF-8 is
+/// `BAD_FORMAT`.
+async fn one_param<St: Send + Sync>(parts: &mut Parts, state: &St) -> Result<String, Response> {
+    Path::<String>::from_request_parts(parts, state)
+        .await
+        .map(|Path(raw)| raw)
+        .map_err(|_| refuse(ClientError::BadFormat))
+}
+
+/// The fields of a JSON object body; no body at all is no fields.
+///
+/// The body is read only up to the longest a JSON-lines command may be
+/// ([`Limits::json_line`]: room for the largest job even if every byte of
+/// it is escaped): past that it is `JOB_TOO_BIG` at once, so a request
+/// holds at most that much memory. A body that is not a JSON object is
+/// `BAD_FORMAT`.
+pub struct Fields(pub Map<String, Value>);
+
+impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &Arc<Shared<S>>) -> Result<Self, Response> {
+        let limit = Limits {
+            max_job_size: state.config.max_job_size,
+        }
+        .json_line();
+        let bytes = read_body(req.into_body(), limit).await.map_err(refuse)?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Fields(Map::new()));
+        }
+        match serde_json::from_slice(&bytes) {
+            Ok(Value::Object(fields)) => Ok(Fields(fields)),
+            _ => Err(refuse(ClientError::BadFormat)),
+        }
+    }
+}
+
+/// The whole body, if it is at most `limit` bytes.
+async fn read_body(body: Body, limit: usize) -> Result<BytesMut, ClientError> {
+    let mut stream = body.into_data_stream();
+    let mut bytes = BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        // The client stopped half way through its body.
+        let chunk = chunk.map_err(|_| ClientError::BadFormat)?;
+        if bytes.len() + chunk.len() > limit {
+            return Err(ClientError::JobTooBig);
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// Adds the query's parameters to `fields`: a whole number as a JSON
+/// number, anything else as a string (which a number field refuses). A
+/// parameter given twice, or in both the query and the body, is
+/// `BAD_FORMAT`.
+pub fn query_fields(uri: &Uri, fields: &mut Map<String, Value>) -> Result<(), ClientError> {
+    let Query(params) =
+        Query::<Vec<(String, String)>>::try_from_uri(uri).map_err(|_| ClientError::BadFormat)?;
+    for (name, raw) in params {
+        let value = match parse_u64(raw.as_bytes()) {
+            Some(n) => Value::from(n),
+            None => Value::String(raw),
+        };
+        if fields.insert(name, value).is_some() {
+            return Err(ClientError::BadFormat);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! The dashboard in a real headless browser: Debian's Chromium, driven over
+//! the WebDriver protocol by its chromedriver (plain HTTP, so the test's
+//! HTTP client is the whole driver). The page loads from the server's HTTP
+//! address, shows a tube's counts as the text protocol reports them, and
+//! its kick button, clicked, kicks the tube's buried job; a screenshot of
+//! the page is kept in the target directory.
+//!
+//! `.ci/test` installs `chromium` and `chromium-driver`.
+
+#[macro_use]
+#[path = "common/mod.rs"]
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use common::{Backend, TestServer};
+
+backend_tests!(the_page_shows_a_tubes_counts_and_its_kick_button_kicks);
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// A chromedriver process on a port of its own, killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    async fn start() -> Driver {
+        assert!(
+            std::path::Path::new(CHROMEDRIVER).exists() && std::path::Path::new(CHROMIUM).exists(),
+            "the dashboard test needs Debian's chromium and chromium-driver (.ci/test installs them)"
+        );
+        let port = common::ports::free_port();
+        let child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let start = Instant::now();
+        while http.get(format!("{url}/status")).send().await.is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "chromedriver never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Driver { child, url }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One browser session of a driver.
+struct Browser {
+    http: reqwest::Client,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn open(driver: &Driver) -> Browser {
+        let http = reqwest::Client::new();
+        let profile = tempfile::tempdir().expect("a browser profile directory");
+        // The flags the machine needs: no sandbox as root, and no
+        // background connections to the outside, which the closed network
+        // here refuses.
+        let args = vec![
+            "--headless=new".to_string(),
+            "--no-sandbox".into(),
+            "--disable-gpu".into(),
+            "--disable-dev-shm-usage".into(),
+            "--disable-background-networking".into(),
+            "--disable-component-update".into(),
+            "--disable-sync".into(),
+            "--no-first-run".into(),
+            "--window-size=1200,800".into(),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": CHROMIUM, "args": args}
+        }}});
+        let got: Value = http
+            .post(format!("{}/session", driver.url))
+            .json(&caps)
+            .send()
+            .await
+            .expect("new session")
+            .json()
+            .await
+            .expect("a JSON answer");
+        let session = got["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {got}"))
+            .to_string();
+        Browser {
+            http,
+            session: format!("{}/session/{session}", driver.url),
+            _profile: profile,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let req = self.http.request(method, format!("{}{path}", self.session));
+        let req = if body.is_null() { req } else { req.json(&body) };
+        let got: Value = req
+            .send()
+            .await
+            .expect("a WebDriver call")
+            .json()
+            .await
+            .expect("JSON");
+        got["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", json!({ "url": url }))
+            .await;
+    }
+
+    /// Runs `script` in the page and returns what it returns.
+    async fn eval(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({ "script": script, "args": [] }),
+        )
+        .await
+    }
+
+    /// Waits until `script` returns something truthy; returns it.
+    async fn until(&self, what: &str, script: &str) -> Value {
+        let start = Instant::now();
+        loop {
+            let got = self.eval(script).await;
+            if !(got.is_null() || got == json!(false) || got == json!("")) {
+                return got;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "{what}: never ({got})"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        let found = self
+            .call(
+                reqwest::Method::POST,
+                "/element",
+                json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        let id = found
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no element {css}: {found}"))
+            .to_string();
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/click"),
+            json!({}),
+        )
+        .await;
+    }
+
+    async fn screenshot(&self) -> Vec<u8> {
+        let png = self
+            .call(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().expect("a base64 PNG"))
+            .expect("valid base64")
+    }
+
+    async fn close(self) {
+        let _ = self.http.delete(&self.session).send().await;
+    }
+}
+
+async fn the_page_shows_a_tubes_counts_and_its_kick_button_kicks(backend: Backend) {
+    let server = TestServer::start_http(backend).await;
+    let mut c = server.client().await;
+    c.cmd("use billing").await;
+    for body in [b"a".as_slice(), b"b", b"c"] {
+        c.put_ok(0, 0, 60, body).await;
+    }
+    c.put_ok(0, 3600, 60, b"later").await;
+    c.cmd("watch billing").await;
+    let job = c.reserved("reserve-with-timeout 0").await;
+    assert_eq!(c.cmd(&format!("bury {} 0", job.id)).await, "BURIED");
+    let counts = c.stats_tube("billing").await;
+    assert_eq!(
+        (
+            counts.num("current-jobs-ready"),
+            counts.num("current-jobs-delayed"),
+            counts.num("current-jobs-buried")
+        ),
+        (2, 1, 1)
+    );
+
+    let driver = Driver::start().await;
+    let browser = Browser::open(&driver).await;
+    browser
+        .go(&format!("{}/?tube=billing", server.http_url()))
+        .await;
+    // ready, delayed, reserved, buried: the page's cells for the tube.
+    let cells = browser
+        .until(
+            "the tube's row",
+            r#"const r = document.querySelector('tr[data-tube="billing"]');
+               return r && r.cells[1].textContent !== '' ? Array.from(r.cells).slice(1, 5).map(c => c.textContent) : null;"#,
+        )
+        .await;
+    assert_eq!(cells, json!(["2", "1", "0", "1"]));
+    browser
+        .until(
+            "the buried job",
+            "const p = document.getElementById('buried-job'); return p && p.textContent;",
+        )
+        .await;
+    let png = browser.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG screenshot");
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("dashboard-{backend:?}.png"));
+    std::fs::write(&shot, &png).expect("keep the screenshot");
+
+    browser
+        .click(r#"tr[data-tube="billing"] button.kick"#)
+        .await;
+    let start = Instant::now();
+    loop {
+        let s = c.stats_tube("billing").await;
+        if s.num("current-jobs-buried") == 0 {
+            assert_eq!(s.num("current-jobs-ready"), 3);
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the kick button kicked nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The page shows it by itself at its next refresh.
+    browser
+        .until(
+            "the kicked job shown as ready",
+            r#"const r = document.querySelector('tr[data-tube="billing"]');
+               return r && r.cells[1].textContent === '3' && r.cells[4].textContent === '0';"#,
+        )
+        .await;
+    browser.close().await;
+}
