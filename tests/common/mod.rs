@@ -136,15 +136,21 @@ impl TestServer {
             .as_ref()
             .map(|l| l.local_addr().expect("local address"));
         let control = Control::default();
-        let (task, keep) = match backend {
-            Backend::Memory => {
-                let task = tokio::spawn(run_with_http(
+        // One server task whichever the engine's type.
+        macro_rules! serve {
+            ($store:expr) => {
+                tokio::spawn(run_with_http(
                     listener,
                     http_listener,
-                    MemoryStore::new(),
+                    $store,
                     config,
                     control.clone(),
-                ));
+                ))
+            };
+        }
+        let (task, keep) = match backend {
+            Backend::Memory => {
+                let task = serve!(MemoryStore::new());
                 (task, None)
             }
             Backend::Durable => {
@@ -154,13 +160,7 @@ impl TestServer {
                     delayq::clock::Clock::system(),
                 )
                 .expect("open a fresh data directory");
-                let task = tokio::spawn(run_with_http(
-                    listener,
-                    http_listener,
-                    store,
-                    config,
-                    control.clone(),
-                ));
+                let task = serve!(store);
                 (task, Some(Keep::Dir(dir)))
             }
             Backend::Redis => {
@@ -168,24 +168,12 @@ impl TestServer {
                 let store = RedisStore::connect(&redis.url, "delayq:")
                     .await
                     .expect("connect to the test's redis-server");
-                let task = tokio::spawn(run_with_http(
-                    listener,
-                    http_listener,
-                    store,
-                    config,
-                    control.clone(),
-                ));
+                let task = serve!(store);
                 (task, Some(Keep::Redis(redis)))
             }
             Backend::Cluster => {
                 let store = cluster::shared_store().await;
-                let task = tokio::spawn(run_with_http(
-                    listener,
-                    http_listener,
-                    store,
-                    config,
-                    control.clone(),
-                ));
+                let task = serve!(store);
                 (task, None)
             }
         };
@@ -535,6 +523,22 @@ impl Client {
     pub async fn yaml(&mut self, cmd: &str) -> Yaml {
         self.send_line(cmd).await;
         self.read_yaml().await
+    }
+
+    /// `list-schedules`, line by line, less the `next:` lines, which move
+    /// with the clock: what must be the same before and after a restart.
+    pub async fn schedules(&mut self) -> Vec<String> {
+        self.send_line("list-schedules").await;
+        let head = self.line().await;
+        let n: usize = head
+            .strip_prefix("OK ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("list-schedules answered {head:?}"));
+        let doc = String::from_utf8(self.read_exact(n + 2).await).expect("YAML is text");
+        doc.lines()
+            .filter(|l| !l.trim_start().starts_with("next:"))
+            .map(String::from)
+            .collect()
     }
 
     /// `stats`.

@@ -377,23 +377,6 @@ async fn a_ttl_that_runs_out_during_an_outage_expires_after_the_restart() {
     assert_eq!((job.id, job.body), (long, b"long".to_vec()));
 }
 
-/// The schedules, less what moves with the clock (`next`).
-async fn schedules(c: &mut Client) -> Vec<String> {
-    c.send_line("list-schedules").await;
-    let head = c.line().await;
-    let n: usize = head
-        .strip_prefix("OK ")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("list-schedules answered {head}"));
-    let doc = c.read_exact(n + 2).await;
-    String::from_utf8(doc)
-        .expect("YAML is text")
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("next:"))
-        .map(String::from)
-        .collect()
-}
-
 /// Schedules are kept like jobs: registered, replaced and removed ones come
 /// back as they were after SIGKILL, also once compaction has moved them
 /// into a snapshot and dropped the log files they were first written to.
@@ -423,7 +406,7 @@ async fn schedules_survive_sigkill_and_compaction() {
         assert!(c.line().await.starts_with("SCHEDULED "), "{cmd}");
     }
     assert_eq!(c.cmd("unschedule gone").await, "UNSCHEDULED");
-    let before = schedules(&mut c).await;
+    let before = c.schedules().await;
     assert_eq!(
         before.iter().filter(|l| l.starts_with("- name:")).count(),
         3,
@@ -434,7 +417,7 @@ async fn schedules_survive_sigkill_and_compaction() {
     daemon.kill();
     let mut daemon = Daemon::durable(dir.path(), &args).await;
     let mut c = daemon.client().await;
-    assert_eq!(schedules(&mut c).await, before, "after the first SIGKILL");
+    assert_eq!(c.schedules().await, before, "after the first SIGKILL");
 
     // Churn far more than a log file holds, so that compaction writes a
     // snapshot and the files with the schedules' records go.
@@ -466,15 +449,11 @@ async fn schedules_survive_sigkill_and_compaction() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(schedules(&mut c).await, before, "after compaction");
+    assert_eq!(c.schedules().await, before, "after compaction");
     daemon.kill();
     let mut daemon = Daemon::durable(dir.path(), &args).await;
     let mut c = daemon.client().await;
-    assert_eq!(
-        schedules(&mut c).await,
-        before,
-        "after compaction and SIGKILL"
-    );
+    assert_eq!(c.schedules().await, before, "after compaction and SIGKILL");
     let all = c.json(&serde_json::json!({"command": "schedules"})).await;
     let report = &all["schedules"][2];
     assert_eq!(report["name"], "nightly-report");

@@ -93,21 +93,6 @@ async fn register(c: &mut Client, name: &str, every: &str) -> u64 {
     moment_of(first)
 }
 
-/// `list-schedules` without the `next:` lines, which move with the clock.
-async fn schedules(c: &mut Client) -> Vec<String> {
-    c.send_line("list-schedules").await;
-    let head = c.line().await;
-    let n: usize = head
-        .strip_prefix("OK ")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("list-schedules answered {head:?}"));
-    let doc = String::from_utf8(c.read_exact(n + 2).await).expect("YAML is text");
-    doc.lines()
-        .filter(|l| !l.trim_start().starts_with("next:"))
-        .map(String::from)
-        .collect()
-}
-
 /// One `RESERVED` of a firing.
 #[derive(Debug, Clone)]
 struct Delivery {
@@ -425,7 +410,7 @@ async fn outage_on_shared_store(store: Shared, processes: usize, what: &str) {
     }
     let mut admin = daemons[0].client().await;
     t.first = register(&mut admin, "beat", "1s").await;
-    let registered = schedules(&mut admin).await;
+    let registered = admin.schedules().await;
     let seen = Arc::new(Seen::default());
     let (tx, endpoint) = watch::channel(Some(daemons[1].addr));
     let work = worker(endpoint, seen.clone());
@@ -454,7 +439,7 @@ async fn outage_on_shared_store(store: Shared, processes: usize, what: &str) {
     let second = store.start().await;
     tx.send(Some(second.addr)).expect("the worker listens");
     assert_eq!(
-        schedules(&mut admin).await,
+        admin.schedules().await,
         registered,
         "the schedule after every process was killed"
     );
@@ -515,7 +500,7 @@ async fn a_durable_schedule_survives_sigkill_and_makes_up_for_the_outage_once() 
     t.first = register(&mut admin, "beat", "1s").await;
     let slow = register(&mut admin, "slow", "10s").await;
     let slow_id = format!("slow@{}", stamp(slow));
-    let registered = schedules(&mut admin).await;
+    let registered = admin.schedules().await;
     let seen = Arc::new(Seen::default());
     let (tx, endpoint) = watch::channel(Some(daemon.addr));
     let work = worker(endpoint, seen.clone());
@@ -549,7 +534,7 @@ async fn a_durable_schedule_survives_sigkill_and_makes_up_for_the_outage_once() 
     );
     tx.send(Some(daemon.addr)).expect("the worker listens");
     assert_eq!(
-        schedules(&mut admin).await,
+        admin.schedules().await,
         registered,
         "the schedules after SIGKILL"
     );
