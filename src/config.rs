@@ -2,11 +2,13 @@
 //! here, so `main.rs` only acts on settings known to be sound.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use tracing::warn;
 
+use crate::auth::Tokens;
 use crate::store::log::{DEFAULT_FILE_SIZE, Options, SyncPolicy};
 use crate::store::redis::Target;
 
@@ -27,6 +29,9 @@ pub struct Config {
     /// Most client connections open at once; one more is refused with
     /// `TOO_MANY_CONNECTIONS` and closed.
     pub max_connections: usize,
+    /// The access tokens (`--tokens`); `None`, the default, lets every
+    /// client do everything, as beanstalkd does.
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 impl Default for Config {
@@ -34,6 +39,7 @@ impl Default for Config {
         Config {
             max_job_size: DEFAULT_MAX_JOB_SIZE,
             max_connections: 100_000,
+            tokens: None,
         }
     }
 }
@@ -137,6 +143,10 @@ pub struct Flags {
     /// allows, less a few files for delayq's own use.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Require clients to authenticate with a token from this file (lines
+    /// of `TOKEN ROLE[,ROLE...] [PREFIX]`; see the README). Off unless given.
+    #[arg(long, value_name = "FILE")]
+    pub tokens: Option<PathBuf>,
 }
 
 /// The data directory when none is given: `delayq-data` in the working
@@ -174,6 +184,8 @@ pub struct Settings {
     pub http: Option<String>,
     /// Where the jobs are kept.
     pub engine: Engine,
+    /// The access tokens, if they are on.
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 impl Flags {
@@ -184,6 +196,11 @@ impl Flags {
                 "--redis-prefix may not contain braces: delayq adds its own hash tag".into(),
             );
         }
+        // Read now, so that a bad file stops the start, not the first client.
+        let tokens = match &self.tokens {
+            Some(path) => Some(Arc::new(Tokens::load(path)?)),
+            None => None,
+        };
         let mut max_job_size = self.max_job_size;
         if max_job_size > MAX_JOB_SIZE_CEILING {
             warn!(
@@ -257,6 +274,7 @@ impl Flags {
             max_connections: self.max_connections,
             http: self.http,
             engine,
+            tokens,
         })
     }
 }
@@ -284,6 +302,7 @@ impl Settings {
         Config {
             max_job_size: self.max_job_size,
             max_connections,
+            tokens: self.tokens.clone(),
         }
     }
 }
@@ -324,6 +343,8 @@ mod tests {
             matches!(s.engine, Engine::Redis { ref options, .. } if options.prefix == "delayq:")
         );
         assert!(settings(&["--redis-prefix", "a{b"]).is_err());
+        assert!(settings(&[]).unwrap().tokens.is_none());
+        assert!(settings(&["--tokens", "/no/such/file"]).is_err());
     }
 
     #[test]

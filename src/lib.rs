@@ -28,7 +28,8 @@
 //!   its engines; it imports nothing from the front ends.
 //! * [`schedule`] is the periodic jobs' domain: when a schedule fires, and
 //!   the id of each firing.
-//! * [`clock`] is the embedded engine's time; [`config`] the flags.
+//! * [`clock`] is the embedded engine's time; [`config`] the flags;
+//!   [`auth`] the access tokens and what each one grants.
 //! * [`metrics`] holds what the broker measures for `/metrics` (store call
 //!   times, the timer's lateness); the figures the engines already keep are
 //!   read at scrape time.
@@ -38,6 +39,7 @@
 
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod broker;
 pub mod cli;
 pub mod clock;

@@ -14,6 +14,13 @@
 //!   query;
 //! * `output.rs`: replies as responses (status, JSON body, headers).
 //!
+//! With tokens on (`--tokens`), every route that runs a command needs an
+//! `Authorization: Bearer <token>` header: without one, or with a wrong
+//! one (logged and slowed down, as a wrong `auth` is), it answers 401
+//! `UNAUTHORIZED`; a command the token does not allow answers 403
+//! `FORBIDDEN`. `/v1/openapi.json`, `/metrics` and the dashboard's page
+//! are served to anyone: they hold no jobs.
+//!
 //! A session lives for one request ([`Session::request`]): it counts no
 //! connection and uses no tube, so it is dropped with nothing to undo, and
 //! the jobs it reserves stay reserved by [`HTTP_CONN`] until finished,
@@ -27,11 +34,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::Request;
 use axum::extract::State;
 use axum::handler::Handler;
 use axum::http::{Method, Uri, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
+use bytes::Bytes;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
@@ -59,6 +69,21 @@ const OPENAPI: &str = include_str!("openapi.json");
 /// silently) goes unnoticed for as long, and a job handed to it comes back
 /// only after its TTR: a long wait is better made of several short ones.
 pub const MAX_WAIT: u32 = 300;
+
+tokio::task_local! {
+    /// The bearer token of the request being served, if it sent one: set
+    /// by [`bearer`] around every route, read by [`run`], which checks it
+    /// (rather than an argument threaded through every handler).
+    static BEARER: Option<Bytes>;
+}
+
+/// Keeps the request's `Authorization: Bearer` token for [`run`].
+async fn bearer(request: Request, next: Next) -> Response {
+    let token = (request.headers().get(header::AUTHORIZATION))
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .map(Bytes::copy_from_slice);
+    BEARER.scope(token, next.run(request)).await
+}
 
 /// A route: its path, its method, and what serves it.
 type Route<S> = (&'static str, Method, MethodRouter<Arc<Shared<S>>>);
@@ -109,7 +134,8 @@ pub fn routes<S: Store>() -> Router<Arc<Shared<S>>> {
             router.route(path, route)
         })
         .fallback(output::unknown_path)
-        .method_not_allowed_fallback(output::wrong_method);
+        .method_not_allowed_fallback(output::wrong_method)
+        .layer(middleware::from_fn(bearer));
     Router::new().nest("/v1", v1)
 }
 
@@ -131,12 +157,22 @@ async fn run<S: Store>(
     tube: Tube,
     cmd: Result<Command, ClientError>,
 ) -> Reply {
+    let started = Instant::now();
+    let tokens_on = shared.config.tokens.is_some();
+    let mut session = Session::request(shared, HTTP_CONN, tube);
+    if tokens_on {
+        // A missing token is no guess: it is refused at once, unlogged.
+        let Some(token) = BEARER.try_with(Clone::clone).ok().flatten() else {
+            return Reply::Unauthorized;
+        };
+        if session.authenticate(&token).await != Reply::Authenticated {
+            return Reply::Unauthorized;
+        }
+    }
     let cmd = match cmd {
         Ok(cmd) => cmd,
         Err(e) => return e.into(),
     };
-    let started = Instant::now();
-    let mut session = Session::request(shared, HTTP_CONN, tube);
     // Carried out in a task of its own, as a connection's commands are
     // never cut off half way: a client that hangs up must not leave a put
     // on the disk but not yet handed out, or a release whose delay the

@@ -10,13 +10,26 @@
 //! a [`crate::protocol::command::Command`] and runs it in a
 //! [`crate::protocol::session::Session`], so the rules (validation, the
 //! replies, the engine calls) are the text protocol's, written once.
+//!
+//! [`serve`] is its own accept loop over hyper rather than `axum::serve`,
+//! which has neither a connection cap nor a limit on how long a client may
+//! take to send its headers: without them a few thousand sockets that
+//! trickle a header byte now and then would hold the server's file
+//! descriptors for ever.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use tokio::net::TcpListener;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
 
 use crate::protocol::session::Shared;
 use crate::store::Store;
@@ -31,6 +44,36 @@ pub mod metrics;
 /// any HTTP request may act on it.
 pub const HTTP_CONN: crate::store::ConnId = u64::MAX - 1;
 
+/// Longest a client may take over a request's head (request line and
+/// headers), counted from when the connection is ready for one: a fresh
+/// connection, or one that has just been answered. A client that is not
+/// done by then is disconnected, so an idle keep-alive connection is also
+/// closed after this long. Any real client sends its head in one go.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long shutdown waits for an HTTP connection to finish the request in
+/// flight (a long-poll may have minutes to go): a little less than the
+/// text server's 5 s, which also bounds this task, so that HTTP is done
+/// within it.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
+
+/// How long a refused connection's input is read and thrown away before it
+/// is closed (see [`refuse`]).
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Most of a refused connection's request that is waited for before it is
+/// answered: any real request head fits.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// The whole answer to a connection over the limit, whatever it asked.
+const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 48\r\n\
+\r\n\
+{\"success\":false,\"error\":\"TOO_MANY_CONNECTIONS\"}";
+
 /// Every route, over `shared`.
 pub fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
@@ -41,6 +84,15 @@ pub fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
 }
 
 /// Serves the HTTP front end on `listener` until `shutdown`.
+///
+/// At most [`crate::config::Config::max_connections`] HTTP connections are
+/// open at once (a bound of their own, beside the text connections'); one
+/// more is answered 503 `TOO_MANY_CONNECTIONS` and closed, as the text
+/// protocol refuses it, rather than left waiting unanswered in the listen
+/// queue. A client gets [`HEADER_TIMEOUT`] for each request's head.
+/// Request bodies are bounded by the routes themselves (`api/input.rs`).
+/// On `shutdown` no connection is accepted, idle ones are closed, and a
+/// request in flight (a long-poll, say) gets [`SHUTDOWN_GRACE`] to finish.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     shared: Arc<Shared<S>>,
@@ -49,11 +101,98 @@ pub async fn serve<S: Store>(
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "HTTP listening");
     }
+    let room = Arc::new(Semaphore::new(
+        shared.config.max_connections.min(Semaphore::MAX_PERMITS),
+    ));
+    let lingering = Arc::new(Semaphore::new(crate::server::MAX_LINGERING));
     let app = router(shared);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-    if let Err(e) = served {
-        warn!(error = %e, "the HTTP listener failed");
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        let (socket, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Usually out of file descriptors: back off rather than spin.
+                warn!(error = %e, "HTTP accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = room.clone().try_acquire_owned() else {
+            debug!(%peer, "HTTP connection refused: too many connections");
+            refuse(socket, &lingering, &tracker);
+            continue;
+        };
+        let _ = socket.set_nodelay(true);
+        let conn =
+            http.serve_connection(TokioIo::new(socket), TowerToHyperService::new(app.clone()));
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let served = tokio::select! {
+                served = conn.as_mut() => served,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    tokio::time::timeout(SHUTDOWN_GRACE, conn.as_mut())
+                        .await
+                        .unwrap_or(Ok(()))
+                }
+            };
+            // Bad input, a header timeout or a client gone: the client's
+            // affair, and hyper has answered it if it could.
+            if let Err(e) = served {
+                debug!(%peer, error = %e, "HTTP connection ended");
+            }
+            drop(permit);
+        });
     }
+    drop(listener);
+    tracker.close();
+    // Each connection stops within the grace on its own; this only waits.
+    tracker.wait().await;
+}
+
+/// Answers a connection over the limit with [`TOO_MANY`] and closes it.
+///
+/// The answer waits for the request's head (or [`LINGER`], or [`MAX_HEAD`]
+/// bytes): an HTTP client takes bytes that come before it has sent its
+/// request for a broken connection, and never reads them. Then, as in the
+/// text server, the answer is followed by an orderly end of output and what
+/// the client still sends is read and dropped for a moment before the
+/// close: closing with input unread would make the kernel send a reset,
+/// which can destroy the answer before the client reads it. Only a few
+/// refusals are so looked after at once, so a flood of them cannot use up
+/// the file descriptors the cap is there to keep; the rest are answered at
+/// once and closed.
+fn refuse(socket: TcpStream, lingering: &Arc<Semaphore>, tracker: &TaskTracker) {
+    let Ok(permit) = lingering.clone().try_acquire_owned() else {
+        // A fresh socket's send buffer is empty: this goes out whole.
+        let _ = socket.try_write(TOO_MANY);
+        return;
+    };
+    tracker.spawn(async move {
+        let mut socket = socket;
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        let read_head = async {
+            while let Ok(k @ 1..) = socket.read(&mut buf).await {
+                head.extend_from_slice(&buf[..k]);
+                if head.len() >= MAX_HEAD || memchr::memmem::find(&head, b"\r\n\r\n").is_some() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER, read_head).await;
+        let _ = socket.write_all(TOO_MANY).await;
+        let _ = socket.shutdown().await;
+        let drain = async { while let Ok(1..) = socket.read(&mut buf).await {} };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+        drop(permit);
+    });
 }

@@ -129,6 +129,9 @@ pub enum Command {
     ListSchedules,
     /// `quit`.
     Quit,
+    /// `auth <token>` (extension), or JSON `auth`: authenticate with an
+    /// access token (see `crate::auth`).
+    Auth(Bytes),
 }
 
 /// A schedule as a client registers it.
@@ -287,6 +290,7 @@ const WITH_ARGS: &[&[u8]] = &[
     b"finish-batch",
     b"schedule",
     b"unschedule",
+    b"auth",
 ];
 
 /// Commands recognised by prefix, longest first so that `list-tubes-watched`
@@ -344,6 +348,7 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
             })));
         }
         (b"unschedule", [name]) => Command::Unschedule(schedule_name(name)?),
+        (b"auth", [token]) => Command::Auth(Bytes::copy_from_slice(token)),
         (b"use", [tube]) => Command::Use(tube_arg(tube)?),
         (b"reserve-with-timeout", [secs]) => Command::Reserve {
             timeout: Some(num32(secs)?),

@@ -56,6 +56,7 @@ async fn serve_held<S: Store>(
     *wire.read_buffer_mut() = BytesMut::with_capacity(IDLE_BUFFER);
     *wire.write_buffer_mut() = BytesMut::new();
     let mut session = Session::open(shared, conn).await;
+    session.peer = peer;
     // A request read ahead while gathering pipelined puts.
     let mut ahead = None;
     loop {
@@ -144,6 +145,11 @@ async fn answer<S: Store>(
 /// does not answer in time is `INTERNAL_ERROR`. The HTTP front end runs its
 /// commands through here too.
 pub async fn run<S: Store>(session: &mut Session<S>, cmd: Command) -> Outcome {
+    // Outside the store's time limit: a failed attempt's wait is on
+    // purpose, and no store call is made.
+    if let Command::Auth(token) = &cmd {
+        return Outcome::Reply(session.authenticate(token).await);
+    }
     let limit = session.broker().call_limit();
     // Boxed: the command's future is large and short-lived, and a
     // connection blocked in `reserve` should not carry its room.

@@ -13,6 +13,7 @@ use super::options;
 use super::reply::Reply;
 use super::session::{Outcome, Session, secs};
 use super::stats::{render_job, render_tube, render_tubes};
+use crate::auth::Access;
 use crate::error::StoreResult;
 use crate::job::PutOutcome;
 use crate::names::Tube;
@@ -23,6 +24,13 @@ use crate::store::{Store, TubeRef};
 impl<S: Store> Session<S> {
     /// Carries out one command.
     pub async fn handle(&mut self, cmd: Command) -> Outcome {
+        let cmd = match self.access {
+            Access::Open => cmd,
+            _ => match self.permit(cmd).await {
+                Ok(cmd) => cmd,
+                Err(refusal) => return Outcome::Reply(refusal),
+            },
+        };
         self.count(&cmd);
         match self.run(cmd).await {
             Ok(outcome) => outcome,
@@ -34,10 +42,16 @@ impl<S: Store> Session<S> {
     /// jobs go to the broker at once, in order, so on a shared engine they
     /// share calls, and the replies come back in the same order.
     pub async fn handle_puts(&mut self, puts: Vec<Command>) -> Vec<Reply> {
-        for put in &puts {
-            self.count(put);
-        }
-        let jobs: Vec<_> = puts.into_iter().map(|put| self.new_job(put)).collect();
+        let jobs: Vec<_> = puts
+            .into_iter()
+            .map(|put| match self.refusal(&put) {
+                Some(refusal) => Err(refusal),
+                None => {
+                    self.count(&put);
+                    self.new_job(put)
+                }
+            })
+            .collect();
         let (shared, conn) = (self.shared.clone(), self.id);
         join_all(jobs.into_iter().map(|job| async {
             match job {
@@ -153,7 +167,11 @@ impl<S: Store> Session<S> {
                 let max_job_size = shared.config.max_job_size;
                 Reply::Yaml(shared.stats.render(conns, &totals, waiting, max_job_size))
             }
-            Command::ListTubes => Reply::Yaml(render_tubes(&broker.list_tubes().await?)),
+            Command::ListTubes => {
+                let mut tubes = broker.list_tubes().await?;
+                tubes.retain(|t| self.may_reserve_from(t));
+                Reply::Yaml(render_tubes(&tubes))
+            }
             Command::ListTubeUsed => Reply::Using(self.used.clone()),
             Command::ListTubesWatched => Reply::Yaml(render_tubes(&self.watched)),
             Command::PauseTube(tube, delay) => {
@@ -191,6 +209,7 @@ impl<S: Store> Session<S> {
             }
             Command::ListSchedules => Reply::Schedules(broker.schedules().await?, now_ms()),
             Command::Quit => return Ok(Outcome::Quit),
+            Command::Auth(token) => self.authenticate(&token).await,
         };
         Ok(Outcome::Reply(reply))
     }
@@ -207,7 +226,19 @@ impl<S: Store> Session<S> {
     ) -> StoreResult<Outcome> {
         let tubes: Arc<[Tube]> = match tube {
             Some(t) => Arc::from([t]),
-            None => Arc::from(self.watched.as_slice()),
+            None => {
+                // A prefix token takes only from the watched tubes it may
+                // touch, so `default`, watched from the start, need not be
+                // ignored first.
+                let tubes: Vec<Tube> = (self.watched.iter())
+                    .filter(|t| self.may_reserve_from(t))
+                    .cloned()
+                    .collect();
+                if tubes.is_empty() {
+                    return Ok(Outcome::Reply(Reply::Forbidden));
+                }
+                Arc::from(tubes)
+            }
         };
         let reply = if let Some(reply) = self.reserve_now(&tubes, batch).await? {
             reply

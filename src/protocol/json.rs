@@ -2,7 +2,8 @@
 //! JSON object, mapped onto the same [`Command`] values as the text protocol.
 //!
 //! Commands: `add`, `pop`, `finish`, `delete` (the last three also by the
-//! batch: `count`, `ids`), and `schedule`, `unschedule`, `schedules`. Ids
+//! batch: `count`, `ids`), `schedule`, `unschedule`, `schedules`, and
+//! `auth`. Ids
 //! travel as JSON strings.
 
 use std::sync::Arc;
@@ -99,6 +100,10 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
         }
         "unschedule" => Ok(Command::Unschedule(name_of(&obj)?)),
         "schedules" => Ok(Command::ListSchedules),
+        "auth" => match obj.get("token") {
+            Some(Value::String(t)) => Ok(Command::Auth(Bytes::copy_from_slice(t.as_bytes()))),
+            _ => Err(ClientError::BadFormat),
+        },
         _ => Err(ClientError::UnknownCommand),
     }
 }

@@ -17,10 +17,13 @@
 //! * [`reply`] spells every wire word; [`stats`] keeps the counters and
 //!   renders the YAML documents (whole seconds, as beanstalkd shows them);
 //!   [`failure`] turns the store's failures into replies.
+//! * [`access`] says which commands a session's token allows (`--tokens`),
+//!   and answers `auth`.
 //!
 //! Nothing here is imported by the store: the protocol is one front end of
 //! the broker among possible others.
 
+pub mod access;
 pub mod codec;
 pub mod command;
 pub mod connection;

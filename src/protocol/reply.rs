@@ -92,6 +92,14 @@ pub enum Reply {
     OutOfMemory,
     /// `INTERNAL_ERROR`: the server's fault, logged where it happened.
     InternalError,
+    /// `AUTHENTICATED`: `auth` accepted the token (extension).
+    Authenticated,
+    /// `UNAUTHORIZED`: tokens are on and the client has not authenticated,
+    /// or `auth` refused its token (extension).
+    Unauthorized,
+    /// `FORBIDDEN`: the client's token does not allow the command, or not
+    /// on that tube (extension).
+    Forbidden,
     /// A client error word.
     Client(ClientError),
 }
@@ -131,6 +139,9 @@ impl Reply {
             Reply::Draining => "DRAINING",
             Reply::OutOfMemory => "OUT_OF_MEMORY",
             Reply::InternalError => "INTERNAL_ERROR",
+            Reply::Authenticated => "AUTHENTICATED",
+            Reply::Unauthorized => "UNAUTHORIZED",
+            Reply::Forbidden => "FORBIDDEN",
             Reply::Client(ClientError::BadFormat) => "BAD_FORMAT",
             Reply::Client(ClientError::UnknownCommand) => "UNKNOWN_COMMAND",
             Reply::Client(ClientError::ExpectedCrlf) => "EXPECTED_CRLF",
@@ -236,7 +247,11 @@ impl Reply {
             Reply::Kicked(count) => json!({"success": true, "count": count}),
             Reply::Watching(count) => json!({"success": true, "count": count}),
             Reply::Using(tube) => json!({"success": true, "topic": tube.as_str()}),
-            Reply::Touched | Reply::KickedJob | Reply::Paused | Reply::Set => {
+            Reply::Touched
+            | Reply::KickedJob
+            | Reply::Paused
+            | Reply::Set
+            | Reply::Authenticated => {
                 json!({"success": true})
             }
             other => json!({"success": false, "error": other.word()}),

@@ -14,6 +14,7 @@ use tracing::{debug, error, warn};
 use super::command::Command;
 use super::reply::Reply;
 use super::stats::{Cmd, ServerStats};
+use crate::auth::Access;
 use crate::broker::{Broker, WaiterId};
 use crate::config::Config;
 use crate::error::StoreResult;
@@ -65,6 +66,12 @@ pub struct Session<S: Store> {
     pub(super) deadlines: HashMap<JobId, Instant>,
     producer: bool,
     worker: bool,
+    /// What its token allows; [`Access::Open`] when tokens are off.
+    pub(super) access: Access,
+    /// Failed `auth` attempts in a row, which each wait longer.
+    pub(super) failures: u32,
+    /// The client's address, for the log of failed attempts.
+    pub peer: Option<std::net::SocketAddr>,
     /// Whether this is a connection's session ([`Session::open`]): counted
     /// in `stats`, a user of its tubes, its jobs returned when it closes.
     /// A request's ([`Session::request`]) is none of these.
@@ -93,6 +100,7 @@ impl<S: Store> Session<S> {
             .stats
             .total_connections
             .fetch_add(1, Ordering::Relaxed);
+        let access = first_access(&shared);
         Session {
             id,
             shared,
@@ -101,6 +109,9 @@ impl<S: Store> Session<S> {
             deadlines: HashMap::new(),
             producer: false,
             worker: false,
+            access,
+            failures: 0,
+            peer: None,
             connection: true,
         }
     }
@@ -115,7 +126,11 @@ impl<S: Store> Session<S> {
     /// afterwards, even half way through a command: the jobs it reserved
     /// stay reserved by `id` until they are finished, released, buried or
     /// their TTR runs out.
+    ///
+    /// With tokens on it may do nothing until it authenticates
+    /// ([`Session::authenticate`]).
     pub fn request(shared: Arc<Shared<S>>, id: ConnId, tube: Tube) -> Session<S> {
+        let access = first_access(&shared);
         Session {
             id,
             shared,
@@ -124,6 +139,9 @@ impl<S: Store> Session<S> {
             deadlines: HashMap::new(),
             producer: false,
             worker: false,
+            access,
+            failures: 0,
+            peer: None,
             connection: false,
         }
     }
@@ -475,6 +493,15 @@ async fn last_chance<S: Store>(
         }
     }
     Reply::TimedOut
+}
+
+/// Where a new session stands: nowhere until it authenticates, if tokens
+/// are on.
+fn first_access<S>(shared: &Shared<S>) -> Access {
+    match shared.config.tokens {
+        Some(_) => Access::Anonymous,
+        None => Access::Open,
+    }
 }
 
 /// Whole seconds, as the text protocol gives times.

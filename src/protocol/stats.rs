@@ -116,6 +116,7 @@ impl Cmd {
             | Command::Schedule(_)
             | Command::Unschedule(_)
             | Command::ListSchedules
+            | Command::Auth(_)
             | Command::Quit => return None,
         })
     }

@@ -22,6 +22,7 @@ mod common;
 
 mod connections;
 mod fuzz;
+mod http;
 mod names;
 mod never_reads;
 mod slow;

@@ -9,6 +9,8 @@
 //! | `EXISTS` (and `NOT_IGNORED`, which no route can get) | 409 |
 //! | `BAD_FORMAT`, `BAD_OPTION`, the other client errors | 400 |
 //! | `JOB_TOO_BIG` | 413 |
+//! | `UNAUTHORIZED` (no bearer token, or a wrong one), with `WWW-Authenticate` | 401 |
+//! | `FORBIDDEN` (the token does not allow it) | 403 |
 //! | `DRAINING` | 503 |
 //! | `OUT_OF_MEMORY`, `INTERNAL_ERROR` | 503, with `Retry-After: 1` |
 
@@ -41,6 +43,9 @@ pub fn reply(reply: Reply) -> Response {
         }
         Reply::OutOfMemory | Reply::InternalError => {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER));
+        }
+        Reply::Unauthorized => {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         _ => {}
     }
@@ -99,7 +104,10 @@ fn status(reply: &Reply) -> StatusCode {
         // `TIMED_OUT`. `DEADLINE_SOON` needs reservations held by the
         // session, which a request's never has.
         Reply::TimedOut | Reply::DeadlineSoon => StatusCode::OK,
+        Reply::Unauthorized => StatusCode::UNAUTHORIZED,
+        Reply::Forbidden => StatusCode::FORBIDDEN,
         Reply::Using(_)
+        | Reply::Authenticated
         | Reply::Reserved(_)
         | Reply::Batch(_)
         | Reply::Removed { .. }
