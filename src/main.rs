@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use clap::Parser;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
@@ -42,7 +42,7 @@ async fn main() -> ExitCode {
     let Some(addr) = resolve(&settings.listen, settings.port).await else {
         return ExitCode::from(2);
     };
-    let listener = match TcpListener::bind(addr).await {
+    let listener = match listen(addr) {
         Ok(listener) => listener,
         Err(e) => {
             error!(%addr, error = %e, "cannot listen");
@@ -55,7 +55,7 @@ async fn main() -> ExitCode {
             let Some(addr) = resolve_pair(at).await else {
                 return ExitCode::from(2);
             };
-            match TcpListener::bind(addr).await {
+            match listen(addr) {
                 Ok(listener) => Some(listener),
                 Err(e) => {
                     error!(%addr, error = %e, "cannot listen for HTTP");
@@ -112,6 +112,24 @@ async fn serve<S: Store>(
         engine = store.describe(), "delayq listening");
     run_with_http(listener, http, store, config, control).await;
     Ok(())
+}
+
+/// The longest listen queue asked for; the kernel caps it at its own
+/// `somaxconn` (4096 on current Linux).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Listens on `addr` with a queue as long as the kernel allows (tokio's
+/// `bind` asks for 1024): thousands of clients connecting at once wait
+/// there for the accept loop, rather than being reset when it is full.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    // As tokio's `bind` does: a restarted server gets its port back at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// The address of `ADDR:PORT` (a name is resolved).
