@@ -100,20 +100,7 @@ impl<S: Store> Session<S> {
             .stats
             .total_connections
             .fetch_add(1, Ordering::Relaxed);
-        let access = first_access(&shared);
-        Session {
-            id,
-            shared,
-            used: default.clone(),
-            watched: vec![default],
-            deadlines: HashMap::new(),
-            producer: false,
-            worker: false,
-            access,
-            failures: 0,
-            peer: None,
-            connection: true,
-        }
+        Session::fresh(shared, id, default, true)
     }
 
     /// Opens a session for one request of a front end without connections
@@ -130,6 +117,12 @@ impl<S: Store> Session<S> {
     /// With tokens on it may do nothing until it authenticates
     /// ([`Session::authenticate`]).
     pub fn request(shared: Arc<Shared<S>>, id: ConnId, tube: Tube) -> Session<S> {
+        Session::fresh(shared, id, tube, false)
+    }
+
+    /// A session using and watching `tube`, holding nothing, not yet
+    /// authenticated; `connection` says whether it is a connection's.
+    fn fresh(shared: Arc<Shared<S>>, id: ConnId, tube: Tube, connection: bool) -> Session<S> {
         let access = first_access(&shared);
         Session {
             id,
@@ -142,7 +135,7 @@ impl<S: Store> Session<S> {
             access,
             failures: 0,
             peer: None,
-            connection: false,
+            connection,
         }
     }
 
