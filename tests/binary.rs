@@ -5,40 +5,12 @@ mod common;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::REPLY_TIMEOUT;
-use common::daemon::{BIN, Daemon, free_port, wait_exit};
+use common::daemon::{BIN, Daemon, finish_piped, free_port, spawn_piped};
 use common::redis::RedisServer;
 
 /// Runs the binary to its exit, which must come within the reply timeout.
 fn run_to_exit(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn delayq");
-    let status = wait_exit(&mut child, REPLY_TIMEOUT);
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    use std::io::Read;
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_end(&mut stderr)
-        .unwrap();
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
+    finish_piped(spawn_piped(args))
 }
 
 #[test]

@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::REPLY_TIMEOUT;
-use common::daemon::{BIN, Daemon, free_port, wait_exit};
+use common::daemon::{Daemon, finish_piped, free_port, spawn_piped};
 use serde_json::Value;
 
 /// What a finished `delayq` run left behind.
@@ -42,37 +41,16 @@ impl Ran {
 
 /// Starts `delayq args...` with its output piped.
 fn spawn(args: &[&str]) -> Child {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn delayq")
+    spawn_piped(args)
 }
 
-/// Waits for a started run to end, within the reply timeout. The outputs
-/// are read after the exit: they are small enough for the pipes' buffers.
-fn finish(mut child: Child) -> Ran {
-    let status = wait_exit(&mut child, REPLY_TIMEOUT);
-    let mut stdout = Vec::new();
-    let mut stderr = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+/// Waits for a started run to end, within the reply timeout.
+fn finish(child: Child) -> Ran {
+    let out = finish_piped(child);
     Ran {
-        code: status.code().expect("delayq exited, not killed"),
-        stdout,
-        stderr,
+        code: out.status.code().expect("delayq exited, not killed"),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 

@@ -164,3 +164,42 @@ fn log_for(port: u16) -> Stdio {
         .map(Stdio::from)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()))
 }
+
+/// Starts `delayq args...` with its input closed and its output piped, for
+/// a run that ends by itself (a refusal at start, an admin subcommand).
+pub fn spawn_piped(args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn delayq")
+}
+
+/// Waits for a run started by [`spawn_piped`] to end, within the reply
+/// timeout, and returns what it left. The outputs are read after the exit:
+/// they are small enough for the pipes' buffers.
+pub fn finish_piped(mut child: Child) -> std::process::Output {
+    use std::io::Read;
+    let status = wait_exit(&mut child, crate::common::REPLY_TIMEOUT);
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    child
+        .stdout
+        .take()
+        .expect("piped stdout")
+        .read_to_end(&mut stdout)
+        .expect("read stdout");
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_end(&mut stderr)
+        .expect("read stderr");
+    std::process::Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
