@@ -11,6 +11,7 @@ use tracing::warn;
 use crate::auth::Tokens;
 use crate::store::log::{DEFAULT_FILE_SIZE, Options, SyncPolicy};
 use crate::store::redis::Target;
+use crate::tls::Tls;
 
 /// beanstalkd's default largest job body, in bytes.
 pub const DEFAULT_MAX_JOB_SIZE: usize = 65_535;
@@ -32,6 +33,9 @@ pub struct Config {
     /// The access tokens (`--tokens`); `None`, the default, lets every
     /// client do everything, as beanstalkd does.
     pub tokens: Option<Arc<Tokens>>,
+    /// TLS for clients (`--tls-cert`, `--tls-key`): when set, the text and
+    /// HTTP listeners speak only TLS. `None`, the default, is plaintext.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl Default for Config {
@@ -40,6 +44,7 @@ impl Default for Config {
             max_job_size: DEFAULT_MAX_JOB_SIZE,
             max_connections: 100_000,
             tokens: None,
+            tls: None,
         }
     }
 }
@@ -147,6 +152,15 @@ pub struct Flags {
     /// of `TOKEN ROLE[,ROLE...] [PREFIX]`; see the README). Off unless given.
     #[arg(long, value_name = "FILE")]
     pub tokens: Option<PathBuf>,
+    /// Serve clients over TLS only, with the certificate chain in this PEM
+    /// file (the server's certificate first), on the text port and on
+    /// --http alike. Needs --tls-key.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, in a PEM file (PKCS#8, PKCS#1 or
+    /// SEC1). Needs --tls-cert.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The data directory when none is given: `delayq-data` in the working
@@ -186,6 +200,8 @@ pub struct Settings {
     pub engine: Engine,
     /// The access tokens, if they are on.
     pub tokens: Option<Arc<Tokens>>,
+    /// TLS for clients, if it is on.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl Flags {
@@ -200,6 +216,14 @@ impl Flags {
         let tokens = match &self.tokens {
             Some(path) => Some(Arc::new(Tokens::load(path)?)),
             None => None,
+        };
+        // Read now too: a certificate that cannot be used stops the start.
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(Arc::new(Tls::load(cert, key)?)),
+            (None, None) => None,
+            // clap's `requires` makes these a usage error before we get here.
+            (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
+            (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
         };
         let mut max_job_size = self.max_job_size;
         if max_job_size > MAX_JOB_SIZE_CEILING {
@@ -275,6 +299,7 @@ impl Flags {
             http: self.http,
             engine,
             tokens,
+            tls,
         })
     }
 }
@@ -303,6 +328,7 @@ impl Settings {
             max_job_size: self.max_job_size,
             max_connections,
             tokens: self.tokens.clone(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -363,6 +389,21 @@ mod tests {
         assert!(settings(&["-f", "5", "-F"]).is_err());
         assert!(settings(&["--in-memory", "-b", "d"]).is_err());
         assert!(settings(&["--redis", "redis://x", "-b", "d"]).is_err());
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_reads_them_at_once() {
+        assert!(settings(&[]).unwrap().tls.is_none());
+        assert!(settings(&["--tls-cert", "c.pem"]).is_err());
+        assert!(settings(&["--tls-key", "k.pem"]).is_err());
+        let e = settings(&[
+            "--tls-cert",
+            "/no/such/c.pem",
+            "--tls-key",
+            "/no/such/k.pem",
+        ])
+        .unwrap_err();
+        assert!(e.contains("/no/such/c.pem"), "{e}");
     }
 
     #[test]

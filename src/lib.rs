@@ -54,3 +54,4 @@ pub mod rules;
 pub mod schedule;
 pub mod server;
 pub mod store;
+pub mod tls;

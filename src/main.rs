@@ -109,7 +109,10 @@ async fn serve<S: Store>(
 ) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     info!(%addr, max_job_size = config.max_job_size, max_connections = config.max_connections,
-        engine = store.describe(), "delayq listening");
+        engine = store.describe(), tls = config.tls.is_some(), "delayq listening");
+    if config.tls.is_some() {
+        info!("TLS on: the text port and --http accept TLS clients only");
+    }
     run_with_http(listener, http, store, config, control).await;
     Ok(())
 }

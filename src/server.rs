@@ -2,6 +2,10 @@
 //!
 //! [`run`] takes a listener the caller bound, so tests bind port 0 and run
 //! many servers in one process; there are no globals.
+//!
+//! With TLS on (`Config::tls`) the loop is the same: each connection's task
+//! shakes hands first, after it has its place under the limit, so the loop
+//! itself never waits on a client.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +29,12 @@ use crate::store::Store;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// What a connection over the limit is told before it is closed.
 const TOO_MANY: &[u8] = b"TOO_MANY_CONNECTIONS\r\n";
+/// What it is told over TLS: nothing. The refusal would have to be
+/// encrypted, and a full handshake is what an overloaded server should not
+/// spend on a client it turns away; plaintext instead would only reach a
+/// TLS client as a garbled record. So it is closed (in the same orderly way)
+/// and sees the connection end during its handshake.
+const TOO_MANY_TLS: &[u8] = b"";
 /// How long a refused connection's input is read and thrown away before it
 /// is closed.
 const LINGER: Duration = Duration::from_secs(1);
@@ -86,6 +96,12 @@ pub async fn run_with_http<S: Store>(
         shared.config.max_connections.min(Semaphore::MAX_PERMITS),
     ));
     let lingering = Arc::new(Semaphore::new(MAX_LINGERING));
+    let tls = shared.config.tls.clone();
+    let refusal = if tls.is_some() {
+        TOO_MANY_TLS
+    } else {
+        TOO_MANY
+    };
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -95,17 +111,30 @@ pub async fn run_with_http<S: Store>(
             Ok((socket, peer)) => {
                 let Ok(permit) = room.clone().try_acquire_owned() else {
                     debug!(%peer, "connection refused: too many connections");
-                    refuse(socket, &lingering, &tracker);
+                    refuse(socket, refusal, &lingering, &tracker);
                     continue;
                 };
                 let _ = socket.set_nodelay(true);
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed) + 1;
                 let shutdown = control.shutdown.clone();
                 let shared = shared.clone();
-                tracker.spawn(async move {
-                    connection::serve(socket, conn, shared, shutdown).await;
-                    drop(permit);
-                });
+                match &tls {
+                    None => tracker.spawn(async move {
+                        connection::serve(socket, peer, conn, shared, shutdown).await;
+                        drop(permit);
+                    }),
+                    Some(tls) => {
+                        let tls = tls.clone();
+                        tracker.spawn(async move {
+                            if let Some(stream) = tls.accept_text(socket, peer, &shutdown).await {
+                                let stream =
+                                    connection::serve(stream, peer, conn, shared, shutdown).await;
+                                crate::tls::close(stream).await;
+                            }
+                            drop(permit);
+                        })
+                    }
+                };
             }
             Err(e) => {
                 // Usually out of file descriptors: back off rather than spin.
@@ -126,7 +155,7 @@ pub async fn run_with_http<S: Store>(
     }
 }
 
-/// Tells a connection over the limit so and closes it.
+/// Tells a connection over the limit so (`refusal`) and closes it.
 ///
 /// Closing a socket whose input was never read makes the kernel send a
 /// reset, which can destroy the refusal before the client has read it (a
@@ -135,10 +164,17 @@ pub async fn run_with_http<S: Store>(
 /// output, and what the client sends is read and dropped for a moment
 /// before the close. Only a few refusals linger at once, so a flood of them
 /// cannot use up the file descriptors the limit is there to keep.
-fn refuse(socket: TcpStream, lingering: &Arc<Semaphore>, tracker: &TaskTracker) {
+fn refuse(
+    socket: TcpStream,
+    refusal: &'static [u8],
+    lingering: &Arc<Semaphore>,
+    tracker: &TaskTracker,
+) {
     // Said at once and without waiting: a fresh socket's send buffer is
     // empty.
-    let _ = socket.try_write(TOO_MANY);
+    if !refusal.is_empty() {
+        let _ = socket.try_write(refusal);
+    }
     let Ok(permit) = lingering.clone().try_acquire_owned() else {
         return;
     };

@@ -16,7 +16,12 @@
 //! take to send its headers: without them a few thousand sockets that
 //! trickle a header byte now and then would hold the server's file
 //! descriptors for ever.
+//!
+//! With TLS on (`Config::tls`), each connection's task shakes hands first
+//! (ALPN `http/1.1`) and hyper serves the TLS session; the handshake has its
+//! own time limit, after which [`HEADER_TIMEOUT`] applies as usual.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +29,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -99,12 +104,13 @@ pub async fn serve<S: Store>(
     shutdown: CancellationToken,
 ) {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "HTTP listening");
+        info!(%addr, tls = shared.config.tls.is_some(), "HTTP listening");
     }
     let room = Arc::new(Semaphore::new(
         shared.config.max_connections.min(Semaphore::MAX_PERMITS),
     ));
     let lingering = Arc::new(Semaphore::new(crate::server::MAX_LINGERING));
+    let tls = shared.config.tls.clone();
     let app = router(shared);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -126,36 +132,63 @@ pub async fn serve<S: Store>(
         };
         let Ok(permit) = room.clone().try_acquire_owned() else {
             debug!(%peer, "HTTP connection refused: too many connections");
-            refuse(socket, &lingering, &tracker);
+            refuse(socket, tls.is_some(), &lingering, &tracker);
             continue;
         };
         let _ = socket.set_nodelay(true);
-        let conn =
-            http.serve_connection(TokioIo::new(socket), TowerToHyperService::new(app.clone()));
         let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            let served = tokio::select! {
-                served = conn.as_mut() => served,
-                () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    tokio::time::timeout(SHUTDOWN_GRACE, conn.as_mut())
-                        .await
-                        .unwrap_or(Ok(()))
-                }
-            };
-            // Bad input, a header timeout or a client gone: the client's
-            // affair, and hyper has answered it if it could.
-            if let Err(e) = served {
-                debug!(%peer, error = %e, "HTTP connection ended");
+        match &tls {
+            None => {
+                let conn = http
+                    .serve_connection(TokioIo::new(socket), TowerToHyperService::new(app.clone()));
+                tracker.spawn(async move {
+                    drive(conn, peer, &shutdown).await;
+                    drop(permit);
+                });
             }
-            drop(permit);
-        });
+            Some(tls) => {
+                let (tls, http, app) = (tls.clone(), http.clone(), app.clone());
+                tracker.spawn(async move {
+                    if let Some(stream) = tls.accept_http(socket, peer, &shutdown).await {
+                        let conn = http
+                            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+                        drive(conn, peer, &shutdown).await;
+                    }
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     tracker.close();
     // Each connection stops within the grace on its own; this only waits.
     tracker.wait().await;
+}
+
+/// Serves one HTTP connection to its end, or until `shutdown` and a grace
+/// after it.
+async fn drive<IO>(
+    conn: http1::Connection<TokioIo<IO>, TowerToHyperService<Router>>,
+    peer: SocketAddr,
+    shutdown: &CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut conn = std::pin::pin!(conn);
+    let served = tokio::select! {
+        served = conn.as_mut() => served,
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            tokio::time::timeout(SHUTDOWN_GRACE, conn.as_mut())
+                .await
+                .unwrap_or(Ok(()))
+        }
+    };
+    // Bad input, a header timeout or a client gone: the client's affair,
+    // and hyper has answered it if it could.
+    if let Err(e) = served {
+        debug!(%peer, error = %e, "HTTP connection ended");
+    }
 }
 
 /// Answers a connection over the limit with [`TOO_MANY`] and closes it.
@@ -170,7 +203,26 @@ pub async fn serve<S: Store>(
 /// refusals are so looked after at once, so a flood of them cannot use up
 /// the file descriptors the cap is there to keep; the rest are answered at
 /// once and closed.
-fn refuse(socket: TcpStream, lingering: &Arc<Semaphore>, tracker: &TaskTracker) {
+///
+/// Over TLS (`tls`) there is no answer, only the orderly close: a 503 would
+/// need a full handshake, which an overloaded server should not spend on a
+/// client it turns away, and a plaintext one would reach the client as a
+/// garbled TLS record. Its handshake fails with the connection closed.
+fn refuse(socket: TcpStream, tls: bool, lingering: &Arc<Semaphore>, tracker: &TaskTracker) {
+    if tls {
+        let Ok(permit) = lingering.clone().try_acquire_owned() else {
+            return;
+        };
+        tracker.spawn(async move {
+            let mut socket = socket;
+            let _ = socket.shutdown().await;
+            let mut sink = [0u8; 1024];
+            let drain = async { while let Ok(1..) = socket.read(&mut sink).await {} };
+            let _ = tokio::time::timeout(LINGER, drain).await;
+            drop(permit);
+        });
+        return;
+    }
     let Ok(permit) = lingering.clone().try_acquire_owned() else {
         // A fresh socket's send buffer is empty: this goes out whole.
         let _ = socket.try_write(TOO_MANY);

@@ -5,13 +5,19 @@
 //! no further command is already waiting in the read buffer. A blocked
 //! `reserve` waits on a channel while still reading the socket, so a client
 //! that hangs up stops waiting at once and its reservations come back.
+//!
+//! The connection runs over any [`Transport`]: a plain TCP socket, or a TLS
+//! session on one (`crate::tls`). The code is generic rather than over a
+//! boxed stream, so the plain path compiles to what it would be if it knew
+//! only `TcpStream`.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
@@ -25,27 +31,40 @@ use super::session::{Outcome, Session, Shared};
 use crate::names::Tube;
 use crate::store::{ConnId, Store, held};
 
-type Wire = Framed<TcpStream, Codec>;
+/// A byte stream a client connection runs over: a `TcpStream`, or a TLS
+/// session on one. `Send + 'static` because a connection is a task of its
+/// own.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 
-/// Serves one accepted connection to its end.
-pub async fn serve<S: Store>(
-    socket: TcpStream,
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Transport for T {}
+
+type Wire<T> = Framed<T, Codec>;
+
+/// Serves one accepted connection from `peer` to its end, and gives the
+/// stream back, everything answered already sent: a TLS session is then
+/// ended with a close_notify (a plain socket is just dropped).
+pub async fn serve<S: Store, T: Transport>(
+    socket: T,
+    peer: SocketAddr,
     conn: ConnId,
     shared: Arc<Shared<S>>,
     shutdown: CancellationToken,
-) {
-    held::scope(serve_held(socket, conn, shared, shutdown)).await;
+) -> T {
+    held::scope(serve_held(socket, peer, conn, shared, shutdown)).await
 }
 
 /// [`serve`], inside the scope where a pipelining client's changes are
 /// waited for together (`store::held`).
-async fn serve_held<S: Store>(
-    socket: TcpStream,
+async fn serve_held<S: Store, T: Transport>(
+    socket: T,
+    peer: SocketAddr,
     conn: ConnId,
     shared: Arc<Shared<S>>,
     shutdown: CancellationToken,
-) {
-    let peer = socket.peer_addr().ok();
+) -> T {
+    // Taken from the accept rather than the socket: a TLS stream does not
+    // say, and the accept's address is the same one.
+    let peer = Some(peer);
     debug!(conn, ?peer, "connection opened");
     let limits = Limits {
         max_job_size: shared.config.max_job_size,
@@ -94,11 +113,12 @@ async fn serve_held<S: Store>(
     held::pipelining(false);
     Box::pin(session.close()).await;
     debug!(conn, ?peer, "connection closed");
+    wire.into_inner()
 }
 
 /// Answers one request; returns `false` when the connection must end.
-async fn answer<S: Store>(
-    wire: &mut Wire,
+async fn answer<S: Store, T: Transport>(
+    wire: &mut Wire<T>,
     session: &mut Session<S>,
     request: Request,
     shutdown: &CancellationToken,
@@ -163,7 +183,7 @@ pub async fn run<S: Store>(session: &mut Session<S>, cmd: Command) -> Outcome {
 /// when the connection must end. If a held change could not be made safe
 /// (the log failed), no queued reply goes out: some of them would
 /// acknowledge what may be lost, and the client is told by the hang-up.
-async fn flush_safe(wire: &mut Wire) -> bool {
+async fn flush_safe<T: Transport>(wire: &mut Wire<T>) -> bool {
     if let Err(e) = held::until_safe().await {
         tracing::warn!(error = %e, "a pipelined change could not be made safe; closing the connection unanswered");
         wire.write_buffer_mut().clear();
@@ -174,7 +194,7 @@ async fn flush_safe(wire: &mut Wire) -> bool {
 
 /// Queues a reply; sends what is queued first if the queue is full (once
 /// it is safe to). False when the connection must end.
-async fn feed_safe(wire: &mut Wire, response: Response) -> bool {
+async fn feed_safe<T: Transport>(wire: &mut Wire<T>, response: Response) -> bool {
     // Framed writes its buffer out once it reaches the boundary, before
     // taking another reply: that write must wait for the held changes too.
     if wire.write_buffer().len() >= wire.backpressure_boundary() && !flush_safe(wire).await {
@@ -202,7 +222,7 @@ fn is_put(request: &Request) -> bool {
 
 /// `first` and the puts that follow it already in the read buffer (a
 /// client pipelining its puts), up to [`MAX_PUTS`], and what comes after.
-fn more_puts(wire: &mut Wire, first: Request) -> (Vec<Request>, Ahead) {
+fn more_puts<T: Transport>(wire: &mut Wire<T>, first: Request) -> (Vec<Request>, Ahead) {
     let mut puts = vec![first];
     while puts.len() < MAX_PUTS {
         match wire.next().now_or_never() {
@@ -217,8 +237,8 @@ fn more_puts(wire: &mut Wire, first: Request) -> (Vec<Request>, Ahead) {
 
 /// Answers a run of puts, in order; returns `false` when the connection
 /// must end.
-async fn answer_puts<S: Store>(
-    wire: &mut Wire,
+async fn answer_puts<S: Store, T: Transport>(
+    wire: &mut Wire<T>,
     session: &mut Session<S>,
     puts: Vec<Request>,
 ) -> bool {
@@ -244,7 +264,10 @@ async fn answer_puts<S: Store>(
 /// The next request: from the read buffer if one is there, else after
 /// flushing queued replies and waiting for the client. `None` ends the
 /// connection (hang-up, read error, or shutdown while idle).
-async fn next_request(wire: &mut Wire, shutdown: &CancellationToken) -> Option<Request> {
+async fn next_request<T: Transport>(
+    wire: &mut Wire<T>,
+    shutdown: &CancellationToken,
+) -> Option<Request> {
     let polled = match wire.next().now_or_never() {
         Some(polled) => polled,
         None => {
@@ -269,7 +292,7 @@ const KEEP_BUFFER: usize = 4096;
 
 /// Lets go of buffers a big body made large, so that an idle connection
 /// costs little however much went through it.
-fn shrink_when_idle(wire: &mut Wire) {
+fn shrink_when_idle<T: Transport>(wire: &mut Wire<T>) {
     if wire.read_buffer().is_empty() && wire.read_buffer().capacity() > KEEP_BUFFER {
         *wire.read_buffer_mut() = BytesMut::with_capacity(IDLE_BUFFER);
     }
@@ -319,8 +342,8 @@ const READ_AHEAD: usize = 64 * 1024;
 /// Meanwhile the socket is still read, so a hang-up is seen at once; the
 /// bytes read (pipelined commands) are not decoded but put back in the read
 /// buffer afterwards, to be answered in order once the reserve is.
-async fn wait<S: Store>(
-    wire: &mut Wire,
+async fn wait<S: Store, T: Transport>(
+    wire: &mut Wire<T>,
     session: &mut Session<S>,
     wanted: Wanted,
     started: Instant,
@@ -336,7 +359,6 @@ async fn wait<S: Store>(
     let timeout_at = blocked.timeout_at();
     let mut ahead = BytesMut::new();
     let give_up = loop {
-        let socket = wire.get_ref();
         tokio::select! {
             handed = blocked.handed() => {
                 wire.read_buffer_mut().extend_from_slice(&ahead);
@@ -344,15 +366,14 @@ async fn wait<S: Store>(
             }
             () = sleep_until_some(timeout_at) => break Some(Reply::TimedOut),
             () = sleep_until_some(soon_at) => break Some(Reply::DeadlineSoon),
-            ready = socket.readable(), if ahead.len() < READ_AHEAD => {
-                if ready.is_err() {
-                    break None;
-                }
-                match socket.try_read_buf(&mut ahead) {
-                    Ok(0) => break None,
+            // Cancel-safe: a read that loses the race has taken nothing.
+            // Through the stream rather than the raw socket, so a TLS
+            // session's bytes already decrypted are seen too.
+            read = wire.get_mut().read_buf(&mut ahead), if ahead.len() < READ_AHEAD => {
+                match read {
+                    // `ahead` always has room, so 0 is the end of input.
+                    Ok(0) | Err(_) => break None,
                     Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => break None,
                 }
             }
             () = shutdown.cancelled() => break None,
