@@ -3,7 +3,8 @@
 //! HTTP client is the whole driver). The page loads from the server's HTTP
 //! address, shows a tube's counts as the text protocol reports them, and
 //! its kick button, clicked, kicks the tube's buried job; a screenshot of
-//! the page is kept in the target directory.
+//! the page is kept in the target directory. With tokens on, the page asks
+//! for one, keeps it for the tab, and says so when a click is refused.
 //!
 //! `.ci/test` installs `chromium` and `chromium-driver`.
 
@@ -20,6 +21,145 @@ use serde_json::{Value, json};
 use common::{Backend, TestServer};
 
 backend_tests!(the_page_shows_a_tubes_counts_and_its_kick_button_kicks);
+
+/// The page's status line, once it says something matching `wanted` (a
+/// JavaScript regular expression), and only if it is on show as an error.
+async fn error_shown(browser: &Browser, what: &str, wanted: &str) -> String {
+    let script = format!(
+        r#"const s = document.getElementById('status');
+           return [s.className === 'error' && s.offsetParent !== null && /{wanted}/.test(s.textContent), s.textContent];"#
+    );
+    let start = Instant::now();
+    loop {
+        let got = browser.eval(&script).await;
+        let said = got[1].as_str().unwrap_or_default().to_string();
+        if got[0] == json!(true) {
+            return said;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{what}: never; the page says {said:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Clicks the element `css` from within the page, once it is there: the
+/// page redraws its buttons at every refresh (the buried job's box is
+/// empty while it asks the API), and a WebDriver click between finding a
+/// button and clicking it can find it gone.
+async fn press(browser: &Browser, css: &str) {
+    let script =
+        format!("const b = document.querySelector({css:?}); if (b) b.click(); return !!b;");
+    browser.until(&format!("{css} to press"), &script).await;
+}
+
+/// Types `token` into the page's token field, as a person would finish
+/// typing it (the page acts on the field's `change`).
+async fn enter_token(browser: &Browser, token: &str) {
+    browser
+        .eval(&format!(
+            r#"const i = document.getElementById('token');
+               i.value = {token:?}; i.dispatchEvent(new Event('change')); return true;"#
+        ))
+        .await;
+}
+
+/// With tokens on: the page says it needs a token until it has one; with a
+/// worker's token it shows the tubes, and its kick and delete buttons are
+/// refused with a message on the page, the jobs untouched; the token is
+/// kept across a reload; an admin's token kicks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_the_page_asks_for_one_and_shows_refusals() {
+    let tokens = "work-secret worker\nroot-secret admin\n";
+    let config = delayq::config::Config {
+        tokens: Some(std::sync::Arc::new(
+            delayq::auth::Tokens::parse(tokens).expect("the test tokens"),
+        )),
+        ..delayq::config::Config::default()
+    };
+    let server = TestServer::start_full(Backend::Memory, config, true).await;
+    let mut c = server.client().await;
+    assert_eq!(c.cmd("auth root-secret").await, "AUTHENTICATED");
+    c.cmd("use billing").await;
+    c.cmd("watch billing").await;
+    let id = c.put_ok(0, 0, 60, b"stuck").await;
+    c.reserved("reserve-with-timeout 0").await;
+    assert_eq!(c.cmd(&format!("bury {id} 0")).await, "BURIED");
+
+    let driver = Driver::start().await;
+    let browser = Browser::open(&driver).await;
+    let page = format!("{}/?tube=billing", server.http_url());
+    browser.go(&page).await;
+    let said = error_shown(&browser, "a call for a token", "UNAUTHORIZED.*token").await;
+    assert!(!said.contains("cannot reach"), "{said}");
+
+    enter_token(&browser, "work-secret").await;
+    let cells = browser
+        .until(
+            "the tube's row, with a token",
+            r#"const r = document.querySelector('tr[data-tube="billing"]');
+               return r && r.cells[4].textContent === '1' && !r.querySelector('button.kick').disabled;"#,
+        )
+        .await;
+    assert_eq!(cells, json!(true));
+    browser
+        .until(
+            "the buried job",
+            "const p = document.getElementById('buried-job'); return p && p.textContent;",
+        )
+        .await;
+
+    press(&browser, r#"tr[data-tube="billing"] button.kick"#).await;
+    let said = error_shown(&browser, "the kick refused", "kick billing: FORBIDDEN").await;
+    assert!(said.contains("admin"), "{said}");
+    assert_eq!(c.stats_tube("billing").await.num("current-jobs-buried"), 1);
+
+    // The page asks before it deletes; say yes.
+    browser
+        .eval("window.confirm = () => true; return true;")
+        .await;
+    press(&browser, "button.delete-job").await;
+    error_shown(
+        &browser,
+        "the delete refused",
+        &format!("delete {id}: FORBIDDEN"),
+    )
+    .await;
+    assert_eq!(c.stats_job(id).await.get("state"), "buried");
+
+    // Kept for the tab: a reload still has it, and works with it.
+    browser.go(&page).await;
+    let kept = browser
+        .eval("return document.getElementById('token').value;")
+        .await;
+    assert_eq!(kept, json!("work-secret"));
+    browser
+        .until(
+            "the figures after a reload",
+            r#"const r = document.querySelector('tr[data-tube="billing"]');
+               return r && r.cells[4].textContent === '1';"#,
+        )
+        .await;
+
+    enter_token(&browser, "root-secret").await;
+    browser
+        .until(
+            "the kick button, with the admin token",
+            r#"const b = document.querySelector('tr[data-tube="billing"] button.kick'); return b && !b.disabled;"#,
+        )
+        .await;
+    press(&browser, r#"tr[data-tube="billing"] button.kick"#).await;
+    let start = Instant::now();
+    while c.stats_tube("billing").await.num("current-jobs-buried") != 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the admin's kick kicked nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    browser.close().await;
+}
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";

@@ -317,4 +317,66 @@ async fn tubes_past_the_cap_are_left_out(backend: Backend) {
     check_with_real_parsers(&server).await;
 }
 
-backend_tests!(figures_match_stats, tubes_past_the_cap_are_left_out);
+backend_tests!(
+    figures_match_stats,
+    tubes_past_the_cap_are_left_out,
+    with_tokens_a_scrape_needs_a_token_without_a_prefix,
+);
+
+/// With tokens on: no token or a wrong one is 401 (a wrong one slowly), a
+/// token with a tube prefix 403, any role without a prefix gets the
+/// figures, as Prometheus does with `authorization: credentials`.
+async fn with_tokens_a_scrape_needs_a_token_without_a_prefix(backend: Backend) {
+    let tokens = "work-secret worker\nroot-secret admin\nteam-secret admin team-a/\n";
+    let config = delayq::config::Config {
+        tokens: Some(std::sync::Arc::new(
+            delayq::auth::Tokens::parse(tokens).expect("the test tokens"),
+        )),
+        ..delayq::config::Config::default()
+    };
+    let server = TestServer::start_full(backend, config, true).await;
+    let mut c = server.client().await;
+    assert_eq!(c.cmd("auth root-secret").await, "AUTHENTICATED");
+    assert_eq!(
+        c.cmd("use team-b/secret-tube").await,
+        "USING team-b/secret-tube"
+    );
+    c.put_ok(0, 0, 60, b"x").await;
+    let url = format!("{}/metrics", server.http_url());
+    let http = reqwest::Client::new();
+    let get = async |token: Option<&str>| {
+        let mut request = http.get(&url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let (response, took) = common::timed(request.send()).await;
+        let response = response.expect("answered");
+        let status = response.status();
+        let challenge = response.headers().get("www-authenticate").cloned();
+        (
+            status,
+            challenge,
+            response.text().await.expect("a body"),
+            took,
+        )
+    };
+    let (status, challenge, body, _) = get(None).await;
+    assert_eq!(status, 401);
+    assert_eq!(challenge.expect("a challenge"), "Bearer");
+    assert_eq!(body, r#"{"success":false,"error":"UNAUTHORIZED"}"#);
+    let (status, _, body, took) = get(Some("guessed")).await;
+    assert_eq!(status, 401);
+    assert!(took >= Duration::from_millis(100), "{took:?}");
+    assert!(!body.contains("delayq_"), "{body}");
+    let (status, _, body, _) = get(Some("team-secret")).await;
+    assert_eq!(status, 403);
+    assert_eq!(body, r#"{"success":false,"error":"FORBIDDEN"}"#);
+    for token in ["work-secret", "root-secret"] {
+        let (status, _, body, _) = get(Some(token)).await;
+        assert_eq!(status, 200, "{token}");
+        let lines = body.lines().map(|l| Ok(l.to_owned()));
+        let scrape = Scrape(prometheus_parse::Scrape::parse(lines).expect("parse the text format"));
+        assert_eq!(scrape.num("delayq_jobs_put_total", &[]), 1, "{token}");
+        assert!(body.contains("team-b/secret-tube"), "{token}");
+    }
+}

@@ -1,7 +1,9 @@
 //! Access tokens (`--tokens`) against a real server on every backend: the
 //! text protocol's `auth`, roles, tube prefixes (two teams on one server),
-//! JSON lines, and the HTTP API's bearer tokens. That the stock protocol is
-//! untouched with tokens off is the other suites' business.
+//! JSON lines (an `auth` command, or a `token` on any command), the HTTP
+//! API's bearer tokens, and the OpenAPI document's word on them. That the
+//! stock protocol is untouched with tokens off is the other suites'
+//! business; `/metrics` and the dashboard are checked in their own suites.
 
 #[macro_use]
 #[path = "common/mod.rs"]
@@ -14,6 +16,7 @@ use std::time::Duration;
 use common::{Backend, Client, TestServer, timed};
 use delayq::auth::Tokens;
 use delayq::config::Config;
+use reqwest::Method;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -24,8 +27,11 @@ backend_tests!(
     admins_kick_and_delete_any_job,
     a_prefix_keeps_teams_apart,
     json_lines_authenticate_too,
+    json_commands_carry_their_token,
+    a_wrong_token_on_a_json_command_runs_nothing,
     http_needs_a_bearer_token,
     with_tokens_off_auth_is_accepted,
+    with_tokens_off_a_json_token_is_ignored,
 );
 
 const TOKENS: &str = "\
@@ -314,4 +320,158 @@ async fn with_tokens_off_auth_is_accepted(backend: Backend) {
             .await
             .starts_with("RESERVED")
     );
+}
+
+async fn json_commands_carry_their_token(backend: Backend) {
+    let server = server(backend, false).await;
+    let mut c = server.client().await;
+    // No `auth` first: the token on the command is enough.
+    let added = c
+        .json(&json!({"command": "add", "topic": "t", "body": "x", "token": "prod-secret"}))
+        .await;
+    assert_eq!(added["success"], Value::Bool(true), "{added}");
+    let id = added["id"].as_str().expect("an id").to_string();
+    // The connection stays authenticated as that token, as after `auth`:
+    // a producer may not reserve (FORBIDDEN, not UNAUTHORIZED).
+    let pop = json!({"command": "pop", "topic": "t", "timeout": 0});
+    assert_eq!(
+        c.json(&pop).await,
+        json!({"success": false, "error": "FORBIDDEN"})
+    );
+    // Another token on the next command switches to it.
+    let mut as_worker = pop.clone();
+    as_worker["token"] = json!("work-secret");
+    let popped = c.json(&as_worker).await;
+    assert_eq!(popped["id"], Value::String(id.clone()), "{popped}");
+    // One reply per command, none for the `auth` the token stands for:
+    // two pipelined commands with tokens get exactly two replies.
+    let finish = json!({"command": "finish", "id": id, "token": "work-secret"});
+    let stats = json!({"command": "schedules", "token": "root-secret"});
+    c.send(format!("{finish}\r\n{stats}\r\n").as_bytes()).await;
+    let first: Value = serde_json::from_str(&c.line().await).expect("JSON");
+    assert_eq!(first["success"], Value::Bool(true), "{first}");
+    let second: Value = serde_json::from_str(&c.line().await).expect("JSON");
+    assert_eq!(second["success"], Value::Bool(true), "{second}");
+    c.expect_silence(Duration::from_millis(200)).await;
+    // A token that is not a string is a bad command, and nothing else.
+    let bad = c.json(&json!({"command": "schedules", "token": 7})).await;
+    assert_eq!(bad, json!({"success": false, "error": "BAD_FORMAT"}));
+    c.expect_silence(Duration::from_millis(200)).await;
+    let mut root = as_(&server, "root-secret").await;
+    assert_eq!(root.stats().await.num("cmd-finish"), 1);
+}
+
+async fn a_wrong_token_on_a_json_command_runs_nothing(backend: Backend) {
+    let server = server(backend, false).await;
+    let mut root = as_(&server, "root-secret").await;
+    let id = root.put_ok(0, 0, 60, b"keep me").await;
+    let mut c = server.client().await;
+    // Even a connection that had a good token: a wrong one drops it, as a
+    // failed `auth` does, and is answered as one (slowly).
+    assert_eq!(c.cmd("auth root-secret").await, "AUTHENTICATED");
+    let (reply, took) = timed(c.json(&json!({
+        "command": "delete", "id": id.to_string(), "token": "guessed"
+    })))
+    .await;
+    assert_eq!(reply, json!({"success": false, "error": "UNAUTHORIZED"}));
+    assert!(took >= Duration::from_millis(100), "{took:?}");
+    assert_eq!(root.stats_job(id).await.get("state"), "ready");
+    assert_eq!(c.cmd("stats").await, "UNAUTHORIZED");
+    // A right token afterwards works at once.
+    let (reply, took) = timed(c.json(&json!({
+        "command": "delete", "id": id.to_string(), "token": "root-secret"
+    })))
+    .await;
+    assert_eq!(reply["success"], Value::Bool(true), "{reply}");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert_eq!(root.cmd(&format!("peek {id}")).await, "NOT_FOUND");
+}
+
+async fn with_tokens_off_a_json_token_is_ignored(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut c = server.client().await;
+    let added = c
+        .json(&json!({"command": "add", "topic": "t", "body": "x", "token": "anything"}))
+        .await;
+    assert_eq!(added["success"], Value::Bool(true), "{added}");
+    let popped = c
+        .json(&json!({"command": "pop", "topic": "t", "timeout": 0, "token": "else"}))
+        .await;
+    assert_eq!(popped["id"], added["id"], "{popped}");
+    c.expect_silence(Duration::from_millis(200)).await;
+}
+
+/// Every route the OpenAPI document lists answers 401 without a token, as
+/// the document says; and the routes that answer 403 to a token without the
+/// role or the tube are exactly those it lists 403 for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_lists_every_refusal() {
+    let server = server(Backend::Memory, true).await;
+    let base = format!("{}/v1", server.http_url());
+    let http = reqwest::Client::new();
+    let doc: Value = http
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .expect("answered")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearerAuth"]["scheme"],
+        "bearer"
+    );
+    let mut root = as_(&server, "root-secret").await;
+    assert_eq!(root.cmd("use team-a/x").await, "USING team-a/x");
+    let job = root.put_ok(0, 0, 60, b"x").await;
+    for (method, path) in delayq::http::api::paths() {
+        let responses = &doc["paths"][&path][&method]["responses"];
+        let listed = |status: &str| responses.get(status).is_some();
+        let body = match path.rsplit('/').next() {
+            Some("jobs") => json!({"body": "x"}),
+            Some("kick") if path.contains("{tube}") => json!({"bound": 1}),
+            Some("pause") => json!({"delay": 0}),
+            _ => json!({}),
+        };
+        // A producer on a tube it may name, and a prefix token on a tube
+        // it may not: between them every refusal the roles and prefixes
+        // make.
+        let mut seen = Vec::new();
+        for (token, tube) in [
+            (None, "x"),
+            (Some("prod-secret"), "x"),
+            (Some("team-a-secret"), "team-b%2Fx"),
+        ] {
+            let url = base.clone()
+                + &path
+                    .trim_start_matches("/v1")
+                    .replace("{tube}", tube)
+                    .replace("{id}", &job.to_string());
+            let mut request = http.request(
+                Method::from_bytes(method.to_uppercase().as_bytes()).unwrap(),
+                url,
+            );
+            if method != "get" {
+                request = request.json(&body);
+            }
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            seen.push(request.send().await.expect("answered").status());
+        }
+        if path == "/v1/openapi.json" {
+            assert!(seen.iter().all(|s| s.is_success()), "{path}: {seen:?}");
+            assert!(!listed("401") && !listed("403"), "{method} {path}");
+            continue;
+        }
+        assert_eq!(seen[0], StatusCode::UNAUTHORIZED, "{method} {path}");
+        assert!(listed("401"), "{method} {path} does not list 401");
+        let forbidden = seen.contains(&StatusCode::FORBIDDEN);
+        assert_eq!(
+            listed("403"),
+            forbidden,
+            "{method} {path}: 403 listed {}, answered {seen:?}",
+            listed("403")
+        );
+    }
 }

@@ -11,6 +11,9 @@
 //! cargo bench --bench load -- restart --target beanstalkd-b --stops kill,term
 //! cargo bench --bench load -- cycle --target delayq-redis
 //! cargo bench --bench load -- cycle --addr 127.0.0.1:11300 [--pid PID] [--redis URL[,URL...]]
+//! cargo bench --bench load -- compare --workloads cycle,http-cycle \
+//!     --targets delayq-memory,delayq-durable,delayq-redis
+//! cargo bench --bench load -- http-cycle --addr 127.0.0.1:11300 --http-addr 127.0.0.1:11380
 //! cargo bench --bench load -- ceiling            # what Redis itself allows
 //! ```
 //!
@@ -39,17 +42,24 @@
 //!   the time from spawning a new process until it answers and its `stats`
 //!   count every job; its memory against the old one's.
 //! * `disk`: bytes on disk per live job; what put/delete cycles leave.
+//! * `http-cycle`: the cycle over delayq's HTTP API (the bench starts
+//!   delayq with `--http` for it): C keep-alive connections each looping
+//!   `POST /v1/tubes/default/jobs`, a long-poll reserve and
+//!   `POST /v1/jobs/{id}/finish`; the same figures as `cycle`, to read
+//!   beside it (delayq only: beanstalkd has no HTTP; its column is n/a).
 //!
 //! `compare` starts each server afresh for every run, runs each workload on
 //! them in turn, round after round, and prints the medians and their ratios
 //! to the baseline's (`--baseline`, by default the first beanstalkd
 //! listed). A workload a server cannot run (`restart` on a server that
-//! keeps nothing, `disk` on one without a directory) is left out for it.
+//! keeps nothing, `disk` on one without a directory, `batch` and
+//! `http-cycle` on beanstalkd) is left out for it: its column says n/a.
 //! Redis runs without RDB or AOF.
 
 mod ceiling;
 mod client;
 mod durable;
+mod http_client;
 // The tests' port picker, shared rather than copied.
 #[path = "../../tests/common/ports.rs"]
 mod ports;
@@ -83,10 +93,21 @@ enum What {
     Restart,
     /// Bytes on disk per live job, and after put/delete cycles.
     Disk,
+    /// The cycle over delayq's HTTP API (`--http`): put, long-poll
+    /// reserve, finish, on keep-alive connections (delayq only).
+    HttpCycle,
     /// Every chosen workload on every chosen server, in alternation.
     Compare,
     /// redis-benchmark of delayq's own Redis functions.
     Ceiling,
+}
+
+impl What {
+    /// Whether it talks to delayq's HTTP listener, which the bench then
+    /// turns on.
+    fn needs_http(self) -> bool {
+        self == What::HttpCycle
+    }
 }
 
 #[derive(Parser, Debug)]
@@ -98,6 +119,10 @@ struct Cli {
     /// the bench starts.
     #[arg(long)]
     addr: Option<SocketAddr>,
+    /// With --addr: the server's HTTP listener (its `--http`), for
+    /// http-cycle.
+    #[arg(long)]
+    http_addr: Option<SocketAddr>,
     /// With --addr: the server's process id, for its memory and CPU.
     #[arg(long)]
     pid: Option<u32>,
@@ -189,7 +214,7 @@ async fn main_async(cli: Cli) -> io::Result<()> {
                         pid: cli.pid,
                         redis: cli.redis.clone(),
                     };
-                    run(what, addr, &probe, &cli.opts).await?
+                    run(what, addr, cli.http_addr, &probe, &cli.opts).await?
                 }
                 None => {
                     if !fits(what, &cli.target) {
@@ -198,7 +223,7 @@ async fn main_async(cli: Cli) -> io::Result<()> {
                             cli.target.label()
                         )));
                     }
-                    let mut target = Target::start(&cli.target, &programs);
+                    let mut target = Target::start(&cli.target, &programs, what.needs_http());
                     run_on(what, &mut target, &programs, &cli.opts).await?
                 }
             };
@@ -222,8 +247,20 @@ fn program(name: &str, package: &str) -> io::Result<PathBuf> {
         })
 }
 
-async fn run(what: What, addr: SocketAddr, probe: &Probe, o: &Opts) -> io::Result<Report> {
+async fn run(
+    what: What,
+    addr: SocketAddr,
+    http: Option<SocketAddr>,
+    probe: &Probe,
+    o: &Opts,
+) -> io::Result<Report> {
     match what {
+        What::HttpCycle => {
+            let http = http.ok_or_else(|| {
+                io::Error::other("http-cycle needs delayq's HTTP address (--http-addr)")
+            })?;
+            workloads::http_cycle(http, o, probe).await
+        }
         What::Cycle => workloads::cycle(addr, o, probe).await,
         What::Batch => workloads::batch(addr, o, probe).await,
         What::Pipeline => workloads::pipeline(addr, o).await,
@@ -252,7 +289,7 @@ async fn run_on(
     match what {
         What::Restart => durable::restart(target, programs, o).await,
         What::Disk => durable::disk(target, o).await,
-        _ => run(what, target.addr, &target.probe(), o).await,
+        _ => run(what, target.addr, target.http, &target.probe(), o).await,
     }
 }
 
@@ -261,7 +298,7 @@ fn fits(what: What, spec: &Spec) -> bool {
     match what {
         What::Restart => spec.kind.keeps_jobs(),
         What::Disk => spec.kind.keeps_a_dir(),
-        What::Batch => !spec.kind.is_beanstalkd(),
+        What::Batch | What::HttpCycle => !spec.kind.is_beanstalkd(),
         _ => true,
     }
 }
@@ -289,9 +326,12 @@ async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
         for round in 1..=cli.rounds {
             for (spec, reports) in &mut runs {
                 if !fits(what, spec) {
+                    if round == 1 {
+                        eprintln!("{what:?} {}: n/a (it cannot run there)", spec.label());
+                    }
                     continue;
                 }
-                let mut target = Target::start(spec, programs);
+                let mut target = Target::start(spec, programs, what.needs_http());
                 let report = run_on(what, &mut target, programs, &cli.opts).await?;
                 drop(target);
                 let summary: Vec<String> = report
@@ -313,7 +353,9 @@ async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
 }
 
 /// One workload's medians, and their ratios to the baseline's (`base`, an
-/// index into `runs`). Servers that did not run it have no column.
+/// index into `runs`). A server that could not run it (see [`fits`]) has a
+/// column of "n/a", so that a missing figure reads as not applicable
+/// rather than as forgotten.
 fn print_table(what: What, runs: &[(&Spec, Vec<Report>)], base: usize, rounds: usize) {
     let mut names: Vec<(String, &str)> = Vec::new();
     for (_, reports) in runs {
@@ -329,8 +371,8 @@ fn print_table(what: What, runs: &[(&Spec, Vec<Report>)], base: usize, rounds: u
     println!("\n### {what:?} (median of {rounds} runs)\n");
     let mut head = String::from("| figure | unit |");
     let mut rule = String::from("| --- | --- |");
-    for &i in &ran {
-        head += &format!(" {} |", runs[i].0.label());
+    for (spec, _) in runs {
+        head += &format!(" {} |", spec.label());
         rule += " ---: |";
     }
     if let Some(b) = base {
@@ -349,8 +391,12 @@ fn print_table(what: What, runs: &[(&Spec, Vec<Report>)], base: usize, rounds: u
             })
             .collect();
         let mut row = format!("| {name} | {unit} |");
-        for &i in &ran {
-            row += &format!(" {} |", fmt(medians[i]));
+        for (i, (_, reports)) in runs.iter().enumerate() {
+            row += &if reports.is_empty() {
+                " n/a |".to_string()
+            } else {
+                format!(" {} |", fmt(medians[i]))
+            };
         }
         if let Some(b) = base {
             for &i in &others {

@@ -249,6 +249,9 @@ impl Drop for RedisServer {
 /// A server under test, listening on `addr`.
 pub struct Target {
     pub addr: SocketAddr,
+    /// delayq's HTTP listener (`--http`), when the workload needs it or
+    /// the spec's arguments turn it on.
+    pub http: Option<SocketAddr>,
     pub server: Proc,
     /// The Redis behind delayq on the Redis engine.
     pub redis: Option<RedisServer>,
@@ -260,17 +263,24 @@ pub struct Target {
 
 impl Target {
     /// Starts the server `spec` says, on fresh data, and waits until it
-    /// accepts connections.
-    pub fn start(spec: &Spec, programs: &Programs) -> Target {
+    /// accepts connections. With `http`, a delayq also gets
+    /// `--http 127.0.0.1:PORT` on a free port (unless its arguments have a
+    /// `--http` already); only then, so that the text workloads measure the
+    /// server as it runs by default.
+    pub fn start(spec: &Spec, programs: &Programs, http: bool) -> Target {
         let dir = spec
             .kind
             .keeps_a_dir()
             .then(|| tempfile::tempdir().expect("a data directory"));
         let redis = (spec.kind == Kind::Redis).then(|| RedisServer::start(&programs.redis_server));
-        let (addr, server) = spawn(spec, programs, dir.as_ref(), redis.as_ref());
+        let (addr, http, server) = spawn(spec, programs, dir.as_ref(), redis.as_ref(), http);
         wait_listening(addr);
+        if let Some(http) = http {
+            wait_listening(http);
+        }
         Target {
             addr,
+            http,
             server,
             redis,
             dir,
@@ -286,22 +296,46 @@ impl Target {
     /// Starts the server again on its data directory (or its Redis), on a
     /// new port, without waiting for it: the caller times its start.
     pub fn respawn(&mut self, programs: &Programs) {
-        let (addr, server) = spawn(&self.spec, programs, self.dir.as_ref(), self.redis.as_ref());
+        let (addr, http, server) = spawn(
+            &self.spec,
+            programs,
+            self.dir.as_ref(),
+            self.redis.as_ref(),
+            self.http.is_some(),
+        );
         self.addr = addr;
+        self.http = http;
         self.server = server;
     }
 }
 
-/// Starts the server of `spec` on a free loopback port.
+/// Starts the server of `spec` on a free loopback port; with `http` (and a
+/// delayq), its HTTP listener on another. Returns both addresses.
 fn spawn(
     spec: &Spec,
     programs: &Programs,
     dir: Option<&tempfile::TempDir>,
     redis: Option<&RedisServer>,
-) -> (SocketAddr, Proc) {
+    http: bool,
+) -> (SocketAddr, Option<SocketAddr>, Proc) {
     let port = free_port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let port = port.to_string();
+    // A `--http` the spec gives is used as it is: twice would be refused.
+    let given = spec
+        .args
+        .iter()
+        .position(|a| a == "--http")
+        .and_then(|i| spec.args.get(i + 1)?.parse::<SocketAddr>().ok());
+    let http = match (spec.kind.is_beanstalkd(), given) {
+        (true, _) => None,
+        (false, Some(given)) => Some(given),
+        (false, None) => http.then(|| SocketAddr::from(([127, 0, 0, 1], free_port()))),
+    };
+    let http_arg = http
+        .filter(|_| given.is_none())
+        .map(|a| vec!["--http".to_string(), a.to_string()])
+        .unwrap_or_default();
     let dir = dir.map(|d| d.path().to_str().expect("a UTF-8 path").to_string());
     let dir = dir.as_deref().unwrap_or_default();
     let listen = ["-l", "127.0.0.1", "-p", &port];
@@ -310,6 +344,7 @@ fn spawn(
             Command::new(&programs.delayq)
                 .args(listen)
                 .args(extra)
+                .args(&http_arg)
                 .args(&spec.args)
                 .env("RUST_LOG", "warn"),
         )
@@ -334,7 +369,7 @@ fn spawn(
             delayq(&["--redis", &url])
         }
     };
-    (addr, server)
+    (addr, http, server)
 }
 
 impl Target {

@@ -15,6 +15,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Conn;
+use crate::http_client::HttpConn;
 use redis::aio::MultiplexedConnection;
 
 use crate::procs::{Info, Probe, Stop, cpu, redis_conn, rss, switches};
@@ -216,6 +217,94 @@ pub async fn cycle(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
         ("put", put),
         ("reserve", reserve),
         ("delete", delete),
+    ] {
+        report.latency(name, h);
+    }
+    Ok(report)
+}
+
+/// `http-cycle`: the `cycle` over delayq's HTTP API, on `--conns`
+/// keep-alive connections to its `--http` listener (`http`), each looping
+/// `POST /v1/tubes/default/jobs`, a long-poll
+/// `POST /v1/tubes/default/reserve?timeout=10` and
+/// `POST /v1/jobs/{id}/finish`; the same figures as `cycle`'s, so the two
+/// tables read side by side. A reserve may take another connection's job,
+/// as in `cycle`; every connection puts before it reserves, so one always
+/// comes.
+pub async fn http_cycle(http: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
+    let from = Instant::now() + secs(o.warmup);
+    let until = from + secs(o.secs);
+    let costs = tokio::spawn(costs(probe.clone(), from, until));
+    let put: Arc<[u8]> = serde_json::to_vec(&serde_json::json!({
+        "body": "x".repeat(o.body),
+        "ttr": 60,
+    }))
+    .map_err(io::Error::other)?
+    .into();
+    let mut tasks = JoinSet::new();
+    for _ in 0..o.conns {
+        let put = put.clone();
+        tasks.spawn(async move {
+            let mut c = HttpConn::connect(http).await?;
+            let mut h = [histogram(), histogram(), histogram(), histogram()];
+            let mut cycles = 0u64;
+            let mut path = String::new();
+            loop {
+                let t0 = Instant::now();
+                if t0 >= until {
+                    break;
+                }
+                c.call("POST", "/v1/tubes/default/jobs", &put)
+                    .await?
+                    .id(201)?;
+                let t1 = Instant::now();
+                let id = loop {
+                    let answer = c
+                        .call("POST", "/v1/tubes/default/reserve?timeout=10", b"")
+                        .await?;
+                    // A long-poll that ran out is asked again, as a
+                    // blocked text `reserve` would go on waiting.
+                    if answer.status == 200 && answer.json()?["error"] == "TIMED_OUT" {
+                        continue;
+                    }
+                    break answer.id(200)?;
+                };
+                let t2 = Instant::now();
+                path.clear();
+                path.push_str("/v1/jobs/");
+                path.push_str(&id);
+                path.push_str("/finish");
+                c.call("POST", &path, b"").await?.id(200)?;
+                let t3 = Instant::now();
+                if t0 >= from {
+                    cycles += 1;
+                    h[0].saturating_record(micros(t1 - t0));
+                    h[1].saturating_record(micros(t2 - t1));
+                    h[2].saturating_record(micros(t3 - t2));
+                    h[3].saturating_record(micros(t3 - t0));
+                }
+            }
+            Ok((cycles, h))
+        });
+    }
+    let mut cycles = 0;
+    let mut h = [histogram(), histogram(), histogram(), histogram()];
+    for (n, hs) in join(tasks).await? {
+        cycles += n;
+        for (sum, one) in h.iter_mut().zip(&hs) {
+            sum.add(one).expect("same bounds");
+        }
+    }
+    let mut report = Report::default();
+    report.add("cycles/s", "/s", cycles as f64 / o.secs);
+    let costs = costs.await.map_err(io::Error::other)??;
+    costs.report(&mut report, cycles as f64);
+    let [put, reserve, finish, whole] = &h;
+    for (name, h) in [
+        ("cycle", whole),
+        ("put", put),
+        ("reserve", reserve),
+        ("finish", finish),
     ] {
         report.latency(name, h);
     }

@@ -18,8 +18,9 @@
 //! `Authorization: Bearer <token>` header: without one, or with a wrong
 //! one (logged and slowed down, as a wrong `auth` is), it answers 401
 //! `UNAUTHORIZED`; a command the token does not allow answers 403
-//! `FORBIDDEN`. `/v1/openapi.json`, `/metrics` and the dashboard's page
-//! are served to anyone: they hold no jobs.
+//! `FORBIDDEN`. `/v1/openapi.json` and the dashboard's page are served to
+//! anyone: they hold no jobs (the page asks for a token and sends it to
+//! these routes). `/metrics` checks its own token (`metrics.rs`).
 //!
 //! A session lives for one request ([`Session::request`]): it counts no
 //! connection and uses no tube, so it is dropped with nothing to undo, and
@@ -37,7 +38,7 @@ use axum::Router;
 use axum::extract::Request;
 use axum::extract::State;
 use axum::handler::Handler;
-use axum::http::{Method, Uri, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
@@ -56,7 +57,7 @@ use crate::protocol::session::{Outcome, Session, Shared};
 use crate::store::Store;
 
 mod input;
-mod output;
+pub(super) mod output;
 
 use input::{Fields, InJob, InTube, query_fields};
 use output::{document, reply};
@@ -79,10 +80,13 @@ tokio::task_local! {
 
 /// Keeps the request's `Authorization: Bearer` token for [`run`].
 async fn bearer(request: Request, next: Next) -> Response {
-    let token = (request.headers().get(header::AUTHORIZATION))
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .map(Bytes::copy_from_slice);
+    let token = bearer_token(request.headers()).map(Bytes::copy_from_slice);
     BEARER.scope(token, next.run(request)).await
+}
+
+/// The token of an `Authorization: Bearer <token>` header, if there is one.
+pub(super) fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+    (headers.get(header::AUTHORIZATION)).and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
 }
 
 /// A route: its path, its method, and what serves it.

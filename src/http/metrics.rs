@@ -12,6 +12,16 @@
 //!
 //! Label sets are bounded: a `tube` label only for tubes that exist, and for
 //! at most [`MAX_TUBES`] of them.
+//!
+//! With tokens on (`--tokens`), a scrape needs `Authorization: Bearer` with
+//! a token that has no tube prefix, whatever its roles (Prometheus sends it
+//! from `authorization: credentials` in its scrape config). Without one, or
+//! with a wrong one (logged and slowed down, as a wrong `auth` is), it is
+//! 401; a token with a prefix is 403. Why any role: the figures are what
+//! `stats`, `list-tubes` and `stats-tube` tell any token, and a scraper
+//! should not need the admin token, which could delete every job. Why no
+//! prefix: the per-tube series name every tube, which a prefix token is
+//! never shown.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +36,11 @@ use prometheus_client::encoding::{prometheus_text, text};
 use prometheus_client::registry::Registry;
 use tracing::warn;
 
+use super::api::{bearer_token, output};
+use crate::auth::failure_delay;
 use crate::broker::Broker;
 use crate::error::{StoreError, StoreResult};
+use crate::protocol::reply::Reply;
 use crate::protocol::session::Shared;
 use crate::store::Store;
 
@@ -57,6 +70,10 @@ pub fn routes<S: Store>() -> Router<Arc<Shared<S>>> {
 
 /// One scrape: the figures, in the format the client asked for.
 async fn scrape<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
+    if let Some(refusal) = refusal(&shared, &headers).await {
+        return refusal;
+    }
+    // After the token check: a refused client must not start the timings.
     shared.broker.instruments().switch_on();
     let figures = gather(&shared).await;
     let mut registry = Registry::default();
@@ -85,6 +102,28 @@ async fn scrape<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderM
             .into_response();
     }
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// The answer to a scrape the tokens do not allow, if they are on (see the
+/// module's notes); the JSON API's bodies and headers, so a client sees one
+/// kind of refusal on the whole listener.
+async fn refusal<S: Store>(shared: &Shared<S>, headers: &HeaderMap) -> Option<Response> {
+    let tokens = shared.config.tokens.as_ref()?;
+    let Some(token) = bearer_token(headers) else {
+        // A missing token is no guess: it is refused at once, unlogged.
+        return Some(output::reply(Reply::Unauthorized));
+    };
+    match tokens.check(token) {
+        Some(grant) if grant.prefix().is_none() => None,
+        Some(_) => Some(output::reply(Reply::Forbidden)),
+        None => {
+            warn!(route = "/metrics", "authentication failed");
+            // A scrape is a request of its own, with no run of failures
+            // before it: the first failure's wait, as for the API.
+            tokio::time::sleep(failure_delay(1)).await;
+            Some(output::reply(Reply::Unauthorized))
+        }
+    }
 }
 
 /// Reads every figure. The process's own are always there; the store's

@@ -80,6 +80,9 @@ enum State {
 pub struct Codec {
     limits: Limits,
     state: State,
+    /// A JSON command whose `token` field was handed over first as an
+    /// `auth` request: the next request, whatever the buffer holds.
+    after_auth: Option<Request>,
 }
 
 impl Codec {
@@ -88,6 +91,7 @@ impl Codec {
         Codec {
             limits,
             state: State::Line { scanned: 0 },
+            after_auth: None,
         }
     }
 
@@ -104,6 +108,9 @@ impl Decoder for Codec {
     type Error = std::io::Error;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, Self::Error> {
+        if let Some(request) = self.after_auth.take() {
+            return Ok(Some(request));
+        }
         loop {
             match &mut self.state {
                 State::Line { scanned } => {
@@ -135,9 +142,21 @@ impl Decoder for Codec {
                     let line = raw.strip_suffix(b"\n").unwrap_or(&raw);
                     let line = line.strip_suffix(b"\r").unwrap_or(line);
                     if json {
-                        return Ok(Some(Request {
+                        let (token, command) =
+                            json::parse_with_token(line, self.limits.max_job_size);
+                        let request = Request {
                             mode: Mode::Json,
-                            command: json::parse(line, self.limits.max_job_size),
+                            command,
+                        };
+                        let Some(token) = token else {
+                            return Ok(Some(request));
+                        };
+                        // The token first, as an `auth` of its own whose
+                        // reply is not written; then the command.
+                        self.after_auth = Some(request);
+                        return Ok(Some(Request {
+                            mode: Mode::Quiet,
+                            command: Ok(Command::Auth(token)),
                         }));
                     }
                     match parse_line(line) {

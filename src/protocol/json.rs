@@ -3,8 +3,11 @@
 //!
 //! Commands: `add`, `pop`, `finish`, `delete` (the last three also by the
 //! batch: `count`, `ids`), `schedule`, `unschedule`, `schedules`, and
-//! `auth`. Ids
-//! travel as JSON strings.
+//! `auth`. Ids travel as JSON strings.
+//!
+//! Any command may also carry a `"token"` ([`parse_with_token`]): the
+//! connection authenticates with it first, exactly as an `auth` line would,
+//! so a client that opens a connection per job need not send `auth` apart.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,17 +29,56 @@ pub const DEFAULT_PRIORITY: u32 = 1024;
 pub const DEFAULT_TTR: u32 = 60;
 
 /// Parses one JSON command line; `max_job_size` bounds the decoded body.
+/// A `token` field is not looked at (see [`parse_with_token`]).
 pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
+    parse_with_token(line, max_job_size).1
+}
+
+/// Parses one JSON command line, and the `token` it carries, if any: the
+/// connection is to run `auth` with that token before the command (the
+/// codec hands the two over in that order), so the checks, the failure
+/// delay, the log line and the replies are `auth`'s, written once. A failed
+/// token leaves the connection unauthenticated, so the command that
+/// follows is answered `UNAUTHORIZED` and not run.
+///
+/// With tokens off the `auth` succeeds whatever the token, so the field is
+/// in effect ignored rather than an error: beanstalkd has no tokens, and a
+/// client configured with one should work against a server without them,
+/// as `auth` itself does.
+///
+/// The `auth` command's own `token` is its argument, not a second `auth`.
+/// A `token` that is not a string makes the command `BAD_FORMAT`, with no
+/// `auth`: a client that meant to authenticate must not have its command
+/// run as whoever the connection was before.
+pub fn parse_with_token(
+    line: &[u8],
+    max_job_size: usize,
+) -> (Option<Bytes>, Result<Command, ClientError>) {
     let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
-        return Err(ClientError::BadFormat);
+        return (None, Err(ClientError::BadFormat));
     };
+    if obj.get("command") == Some(&Value::String("auth".into())) {
+        return (None, command(&obj, max_job_size));
+    }
+    match obj.get("token") {
+        None => (None, command(&obj, max_job_size)),
+        Some(Value::String(t)) => (
+            Some(Bytes::copy_from_slice(t.as_bytes())),
+            command(&obj, max_job_size),
+        ),
+        Some(_) => (None, Err(ClientError::BadFormat)),
+    }
+}
+
+/// The command of a parsed JSON object.
+fn command(obj: &Map<String, Value>, max_job_size: usize) -> Result<Command, ClientError> {
     let name = match obj.get("command") {
         Some(Value::String(s)) => s.as_str(),
         _ => return Err(ClientError::BadFormat),
     };
     match name {
-        "add" => add(&obj, topic(&obj), max_job_size),
-        "pop" => pop(&obj, topic(&obj)),
+        "add" => add(obj, topic(obj), max_job_size),
+        "pop" => pop(obj, topic(obj)),
         "finish" | "delete" => {
             let finish = name == "finish";
             if let Some(ids) = obj.get("ids") {
@@ -49,7 +91,7 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
                 let ids = ids.iter().map(id_value).collect::<Result<_, _>>()?;
                 return Ok(Command::RemoveBatch { ids, finish });
             }
-            let id = job_id(&obj)?;
+            let id = job_id(obj)?;
             Ok(if finish {
                 Command::Finish(id)
             } else {
@@ -90,15 +132,15 @@ pub fn parse(line: &[u8], max_job_size: usize) -> Result<Command, ClientError> {
             }
             .map_err(ClientError::BadSchedule)?;
             Ok(Command::Schedule(Box::new(NewSchedule {
-                name: name_of(&obj)?,
-                tube: topic(&obj)?,
-                pri: seconds(&obj, "priority")?.unwrap_or(DEFAULT_PRIORITY),
-                ttr: seconds(&obj, "ttr")?.unwrap_or(DEFAULT_TTR),
+                name: name_of(obj)?,
+                tube: topic(obj)?,
+                pri: seconds(obj, "priority")?.unwrap_or(DEFAULT_PRIORITY),
+                ttr: seconds(obj, "ttr")?.unwrap_or(DEFAULT_TTR),
                 when,
                 body: Bytes::copy_from_slice(body),
             })))
         }
-        "unschedule" => Ok(Command::Unschedule(name_of(&obj)?)),
+        "unschedule" => Ok(Command::Unschedule(name_of(obj)?)),
         "schedules" => Ok(Command::ListSchedules),
         "auth" => match obj.get("token") {
             Some(Value::String(t)) => Ok(Command::Auth(Bytes::copy_from_slice(t.as_bytes()))),
@@ -325,6 +367,36 @@ mod tests {
             p(r#"{"command":"add","topic":"t","body":"x","id":"123"}"#),
             Err(ClientError::BadFormat)
         );
+    }
+
+    #[test]
+    fn a_token_field_rides_along() {
+        let t = |s: &str| parse_with_token(s.as_bytes(), 10);
+        assert_eq!(
+            t(r#"{"command":"finish","id":"7","token":"k"}"#),
+            (
+                Some(Bytes::from_static(b"k")),
+                Ok(Command::Finish(JobId::Server(7)))
+            )
+        );
+        // A bad command still authenticates: the token is good or not
+        // whatever the command, and its reply says which.
+        assert_eq!(
+            t(r#"{"command":"nope","token":"k"}"#),
+            (
+                Some(Bytes::from_static(b"k")),
+                Err(ClientError::UnknownCommand)
+            )
+        );
+        assert_eq!(
+            t(r#"{"command":"finish","id":"7","token":7}"#),
+            (None, Err(ClientError::BadFormat))
+        );
+        assert_eq!(
+            t(r#"{"command":"auth","token":"k"}"#),
+            (None, Ok(Command::Auth(Bytes::from_static(b"k"))))
+        );
+        assert_eq!(t(r#"{"command":"schedules"}"#).0, None);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::json;
 
 use super::ClientError;
@@ -22,6 +22,11 @@ pub enum Mode {
     Text,
     /// One JSON object per line.
     Json,
+    /// Nothing is written: the reply to the `auth` that a JSON command's
+    /// `token` field stands for (`json::parse_with_token`). The command's
+    /// own reply says how it went: a failed token leaves the connection
+    /// unauthenticated, so it is `UNAUTHORIZED`.
+    Quiet,
 }
 
 /// Everything the server can answer.
@@ -92,6 +97,17 @@ pub enum Reply {
     OutOfMemory,
     /// `INTERNAL_ERROR`: the server's fault, logged where it happened.
     InternalError,
+    /// `EXPORTED <cursor> <bytes>` and a page of an export, one JSON line
+    /// per job (extension); the cursor is `0` when the export is complete.
+    Exported {
+        /// Where the next page begins.
+        next: String,
+        /// The jobs' lines.
+        data: Bytes,
+    },
+    /// `IMPORTED <id>`: `import` inserted the job, under this id
+    /// (extension).
+    Imported(JobId),
     /// `AUTHENTICATED`: `auth` accepted the token (extension).
     Authenticated,
     /// `UNAUTHORIZED`: tokens are on and the client has not authenticated,
@@ -116,6 +132,8 @@ impl Reply {
     fn word(&self) -> &'static str {
         match self {
             Reply::Inserted(_) => "INSERTED",
+            Reply::Exported { .. } => "EXPORTED",
+            Reply::Imported(_) => "IMPORTED",
             Reply::Exists(_) => "EXISTS",
             Reply::Using(_) => "USING",
             Reply::Reserved(_) => "RESERVED",
@@ -159,7 +177,15 @@ impl Reply {
     pub fn encode_text(&self, dst: &mut BytesMut) {
         let word = self.word();
         match self {
-            Reply::Inserted(id) | Reply::Exists(id) => line(dst, format_args!("{word} {id}")),
+            Reply::Inserted(id) | Reply::Exists(id) | Reply::Imported(id) => {
+                line(dst, format_args!("{word} {id}"));
+            }
+            Reply::Exported { next, data } => {
+                dst.reserve(data.len() + 64);
+                line(dst, format_args!("{word} {next} {}", data.len()));
+                dst.put_slice(data);
+                dst.put_slice(b"\r\n");
+            }
             Reply::Using(tube) => line(dst, format_args!("{word} {tube}")),
             Reply::Watching(n) => line(dst, format_args!("{word} {n}")),
             Reply::Kicked(n) => line(dst, format_args!("{word} {n}")),
@@ -213,9 +239,20 @@ impl Reply {
     /// API shapes it (see [`super::stats::document_json`]).
     pub fn to_json(&self) -> serde_json::Value {
         match self {
-            Reply::Inserted(id) | Reply::Deleted(id) | Reply::Finished(id) => {
+            Reply::Inserted(id)
+            | Reply::Deleted(id)
+            | Reply::Finished(id)
+            | Reply::Imported(id) => {
                 json!({"success": true, "id": id.to_string()})
             }
+            Reply::Exported { next, data } => json!({
+                "success": true,
+                "next": next,
+                "jobs": data
+                    .split(|&b| b == b'\n')
+                    .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+                    .collect::<Vec<_>>(),
+            }),
             Reply::Reserved(job) | Reply::Found(job) => {
                 let mut value = json!({"success": true});
                 if let (Some(out), serde_json::Value::Object(fields)) =
@@ -353,6 +390,7 @@ impl Response {
         match self.mode {
             Mode::Text => self.reply.encode_text(dst),
             Mode::Json => self.reply.encode_json(dst),
+            Mode::Quiet => {}
         }
     }
 }

@@ -86,7 +86,7 @@ fn unknown_command() -> serde_json::Value {
 /// The status that says what `reply` says.
 fn status(reply: &Reply) -> StatusCode {
     match reply {
-        Reply::Inserted(_) => StatusCode::CREATED,
+        Reply::Inserted(_) | Reply::Imported(_) => StatusCode::CREATED,
         Reply::NotFound => StatusCode::NOT_FOUND,
         Reply::Exists(_) | Reply::NotIgnored => StatusCode::CONFLICT,
         Reply::Client(ClientError::JobTooBig) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -125,6 +125,7 @@ fn status(reply: &Reply) -> StatusCode {
         | Reply::Set
         | Reply::Scheduled(_)
         | Reply::Unscheduled
-        | Reply::Schedules(..) => StatusCode::OK,
+        | Reply::Schedules(..)
+        | Reply::Exported { .. } => StatusCode::OK,
     }
 }
