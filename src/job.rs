@@ -106,6 +106,64 @@ pub struct NewJob {
     pub life: Lifecycle,
 }
 
+/// A whole job as an export hands it out and an import takes it in: every
+/// field, so that a deployment moved from one engine to another keeps its
+/// jobs as they were. Times are durations from "now", as everywhere on the
+/// store's interface; a front end turns them into wall-clock times.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WholeJob {
+    /// Its id. An import keeps a client id always, and a server id when the
+    /// importing store has never handed it out.
+    pub id: JobId,
+    /// Its tube.
+    pub tube: Tube,
+    /// Its state; an import makes a reserved job ready (its holder is not
+    /// there), as a restart does.
+    pub state: JobState,
+    /// Its priority.
+    pub pri: u32,
+    /// Time since it was put.
+    pub age: Duration,
+    /// The delay it was last given.
+    pub delay: Duration,
+    /// For a delayed job, time until it is ready.
+    pub time_left: Duration,
+    /// For a buried job, its place in its tube's burial order (kicks take
+    /// the lowest first); an engine's own numbering.
+    pub bury_order: u64,
+    /// Its TTR.
+    pub ttr: Duration,
+    /// What happened to it so far.
+    pub counters: JobCounters,
+    /// Its options, as fixed at its put.
+    pub options: Lifecycle,
+    /// Reserves in its current round of tries.
+    pub tries: u32,
+    /// Whether it is buried for having used up its tries.
+    pub dead: bool,
+    /// Its body.
+    pub body: Bytes,
+}
+
+/// Where an export goes on: an engine's own position (a slot, a shard and a
+/// scan cursor), which a client hands back as it got it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportCursor {
+    /// The part of the store (a shard), for an engine that has parts.
+    pub part: u64,
+    /// The position within it.
+    pub at: u64,
+}
+
+/// A page of an export.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExportPage {
+    /// The jobs of this page.
+    pub jobs: Vec<WholeJob>,
+    /// Where the next page begins; `None` when the export is complete.
+    pub next: Option<ExportCursor>,
+}
+
 /// What a `put` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PutOutcome {

@@ -164,6 +164,8 @@ store_ops! {
     SetSchedule => "set_schedule",
     RemoveSchedule => "remove_schedule",
     Schedules => "schedules",
+    Export => "export",
+    Import => "import",
     ReleaseAll => "release_all",
     Tick => "tick",
     Attach => "attach",

@@ -425,3 +425,173 @@ fn bad_arguments_are_exit_2() {
         assert!(out.stderr.contains("error"), "{args:?}: {}", out.stderr);
     }
 }
+
+/// Runs `delayq args...` with standard input from `stdin` and standard
+/// output into `stdout`, files of the test's, to its end.
+fn delayq_files(args: &[&str], stdin: &std::path::Path, stdout: &std::path::Path) -> Ran {
+    use std::process::{Command, Stdio};
+    let child = Command::new(common::daemon::BIN)
+        .args(args)
+        .stdin(std::fs::File::open(stdin).expect("open the input"))
+        .stdout(std::fs::File::create(stdout).expect("create the output"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn delayq");
+    let out = child.wait_with_output().expect("delayq ran");
+    Ran {
+        code: out.status.code().expect("delayq exited, not killed"),
+        stdout: std::fs::read(stdout).expect("read the output"),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The `stats-job` fields an export and import keep (not the times that
+/// pass, nor `file`); a reserved job comes back ready.
+fn lasting(doc: &common::Yaml) -> Vec<(String, String)> {
+    doc.map()
+        .into_iter()
+        .filter(|(k, _)| !matches!(*k, "age" | "time-left" | "file"))
+        .map(|(k, v)| {
+            let v = if k == "state" && v == "reserved" {
+                "ready"
+            } else {
+                v
+            };
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_from_the_embedded_engine_and_import_into_redis() {
+    let from = Daemon::start(&[]).await;
+    let mut c = from.client().await;
+    assert_eq!(c.cmd("use orders").await, "USING orders");
+    assert_eq!(c.cmd("watch orders").await, "WATCHING 2");
+    // 1200 jobs in every state, with server and client ids, options and
+    // bodies of every byte.
+    let mut ids = Vec::new();
+    for i in 0..1200u32 {
+        let mut body = format!("job {i} ").into_bytes();
+        body.extend(
+            (0..=255u8)
+                .cycle()
+                .skip(i as usize % 256)
+                .take(i as usize % 300),
+        );
+        let delay = if i % 5 == 1 { 3600 } else { 0 };
+        let (extra, opts) = match i % 4 {
+            0 => (format!(" order-close:{i}"), ""),
+            1 => (String::new(), " tries=3 ttl=2h"),
+            _ => (String::new(), ""),
+        };
+        let line = format!("put {} {delay} 60 {}{extra}{opts}", i % 7, body.len());
+        let mut msg = line.into_bytes();
+        msg.extend_from_slice(b"\r\n");
+        msg.extend_from_slice(&body);
+        msg.extend_from_slice(b"\r\n");
+        c.send(&msg).await;
+        let reply = c.line().await;
+        let id = reply
+            .strip_prefix("INSERTED ")
+            .unwrap_or_else(|| panic!("{reply}"))
+            .to_string();
+        if i % 10 == 3 {
+            c.reserved(&format!("reserve-job {id}")).await;
+            assert_eq!(c.cmd(&format!("bury {id} 5")).await, "BURIED");
+        }
+        ids.push((id, body));
+    }
+    let mut before = Vec::new();
+    for (id, _) in &ids {
+        before.push(lasting(&c.stats_job(id).await));
+    }
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let (file, none) = (dir.path().join("jobs.jsonl"), dir.path().join("none"));
+    std::fs::write(&none, b"").expect("an empty input");
+    let server = from.addr.to_string();
+    let ran = delayq_files(&["export", "--server", &server], &none, &file).expect(0);
+    assert!(ran.stderr.contains("exported 1200 jobs"), "{}", ran.stderr);
+    let text = ran.text();
+    assert_eq!(text.lines().count(), 1200);
+    // Server ids first, then client ids.
+    let first_client = text.lines().position(|l| l.contains(r#""id":""#));
+    assert_eq!(first_client, Some(900));
+
+    let redis = common::redis::RedisServer::start(&[]);
+    let to = Daemon::start(&["--redis", &redis.url]).await;
+    let server = to.addr.to_string();
+    let out = dir.path().join("out");
+    let ran = delayq_files(&["import", "--server", &server], &file, &out).expect(0);
+    assert!(
+        ran.stderr
+            .contains("imported 1200 jobs, 0 were there already, 0 refused"),
+        "{}",
+        ran.stderr
+    );
+    let mut r = to.client().await;
+    for ((id, body), was) in ids.iter().zip(&before) {
+        assert_eq!(&lasting(&r.stats_job(id).await), was, "job {id}");
+        assert_eq!(&r.found(&format!("peek {id}")).await.body, body, "job {id}");
+    }
+    // Run again, it finds every job there and changes nothing.
+    let ran = delayq_files(&["import", "--server", &server], &file, &out).expect(0);
+    assert!(
+        ran.stderr
+            .contains("imported 0 jobs, 1200 were there already, 0 refused"),
+        "{}",
+        ran.stderr
+    );
+    assert_eq!(r.stats_tube("orders").await.num("total-jobs"), 1200);
+}
+
+#[tokio::test]
+async fn import_reports_bad_lines_and_exits_3() {
+    let daemon = Daemon::start(&["--in-memory"]).await;
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let (file, out) = (dir.path().join("jobs.jsonl"), dir.path().join("out"));
+    let good = r#"{"id":"a","tube":"t","state":"ready","pri":1,"created":"2026-01-01T00:00:00Z","ttr-ms":1000,"body":"x"}"#;
+    std::fs::write(
+        &file,
+        format!("{good}\nnot json\n\n{}\n", good.replace(r#""a""#, r#""b""#)),
+    )
+    .expect("write the input");
+    let server = daemon.addr.to_string();
+    let ran = delayq_files(&["import", "--server", &server], &file, &out).expect(3);
+    assert!(ran.stderr.contains("line 2: BAD_FORMAT"), "{}", ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("imported 2 jobs, 0 were there already, 1 refused"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[tokio::test]
+async fn export_needs_an_admin_token_without_a_prefix() {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(
+        &tokens,
+        "root-admin-token admin\nteam-admin-token admin team-a/\n",
+    )
+    .expect("write the tokens");
+    let daemon = Daemon::start(&["--in-memory", "--tokens", tokens.to_str().unwrap()]).await;
+    let (none, out) = (dir.path().join("none"), dir.path().join("out"));
+    std::fs::write(&none, b"").expect("an empty input");
+    let server = daemon.addr.to_string();
+    let run = |token: Option<&str>| {
+        let mut args = vec!["export", "--server", &server];
+        args.extend(token.map(|t| ["--token", t]).into_iter().flatten());
+        delayq_files(&args, &none, &out)
+    };
+    let ran = run(None).expect(3);
+    assert!(ran.stderr.contains("UNAUTHORIZED"), "{}", ran.stderr);
+    let ran = run(Some("wrong")).expect(3);
+    assert!(ran.stderr.contains("auth: UNAUTHORIZED"), "{}", ran.stderr);
+    // A team's admin would see the other teams' jobs in an export.
+    let ran = run(Some("team-admin-token")).expect(3);
+    assert!(ran.stderr.contains("FORBIDDEN"), "{}", ran.stderr);
+    let ran = run(Some("root-admin-token")).expect(0);
+    assert!(ran.stderr.contains("exported 0 jobs"), "{}", ran.stderr);
+}

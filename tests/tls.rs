@@ -588,3 +588,34 @@ fn a_certificate_without_a_key_is_a_usage_error() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_admin_cli_connects_over_tls_with_tls_ca() {
+    let cert = Cert::new();
+    let server = start(&cert, &["--in-memory"], false).await;
+    let at = format!("localhost:{}", server.daemon.addr.port());
+    let ca = path(&cert.cert());
+    let ran = finish_piped(spawn_piped(&["stats", "--server", &at, "--tls-ca", &ca]));
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ran.stdout).contains("current-connections:"));
+    // Without it the CLI speaks plaintext, which the TLS port refuses.
+    let ran = finish_piped(spawn_piped(&["stats", "--server", &at]));
+    assert_eq!(ran.status.code(), Some(3));
+    // A certificate it does not trust is refused by the CLI.
+    let other = Cert::new();
+    let ran = finish_piped(spawn_piped(&[
+        "stats",
+        "--server",
+        &at,
+        "--tls-ca",
+        &path(&other.cert()),
+    ]));
+    assert_eq!(ran.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    assert!(stderr.contains("TLS"), "{stderr}");
+}

@@ -32,7 +32,8 @@ pub use waiters::WaiterId;
 
 use crate::error::StoreResult;
 use crate::job::{
-    JobBody, JobStats, Lifecycle, NewJob, PutOutcome, Released, Reserved, StoreStats, TubeStats,
+    ExportCursor, ExportPage, JobBody, JobState, JobStats, Lifecycle, NewJob, PutOutcome, Released,
+    Reserved, StoreStats, TubeStats, WholeJob,
 };
 use crate::metrics::{Instruments, StoreOp};
 use crate::names::{JobId, Tube};
@@ -100,6 +101,35 @@ impl<S: Store> Broker<S> {
             self.ready_or_later(tube, delay).await;
         }
         Ok(put.outcome)
+    }
+
+    /// A page of whole jobs (see [`Store::export`]).
+    pub async fn export(&self, from: ExportCursor, max: usize) -> StoreResult<ExportPage> {
+        self.call(StoreOp::Export, self.store.export(from, max))
+            .await
+    }
+
+    /// Inserts a whole job from an export (see [`Store::import`]); a ready
+    /// one goes to a waiting worker, a delayed one wakes the timer when due.
+    pub async fn import(&self, mut job: WholeJob) -> StoreResult<PutOutcome> {
+        job.ttr = rules::ttr(job.ttr);
+        let tube = job.tube.clone();
+        let (state, left) = (job.state, job.time_left);
+        let expires = job.options.ttl.map(|ttl| ttl.saturating_sub(job.age));
+        let done = self.call(StoreOp::Import, self.store.import(job)).await?;
+        if matches!(done, PutOutcome::Inserted(_)) {
+            if let Some(expires) = expires {
+                self.alarm.schedule(expires);
+            }
+            match state {
+                JobState::Buried => {}
+                JobState::Delayed => self.ready_or_later(tube, left).await,
+                JobState::Ready | JobState::Reserved => {
+                    self.ready_or_later(tube, Duration::ZERO).await
+                }
+            }
+        }
+        Ok(done)
     }
 
     /// Reserves the best ready job of `tubes`, if any, without waiting.

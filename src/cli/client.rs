@@ -8,7 +8,15 @@
 use std::fmt;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::config::MAX_JOB_SIZE_CEILING;
@@ -65,14 +73,21 @@ pub struct Job {
     pub body: Vec<u8>,
 }
 
+/// A connection's byte stream: plain TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
 /// One connection to a server.
 pub struct Client {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Box<dyn Stream>>,
 }
 
 impl Client {
-    /// Connects to `addr` (`HOST:PORT`; a name is resolved).
-    pub async fn connect(addr: &str) -> Result<Client, Fault> {
+    /// Connects to `addr` (`HOST:PORT`; a name is resolved); over TLS if
+    /// `ca` names the PEM file of the certificate (or its issuer's) that
+    /// the server must show for the host name of `addr`.
+    pub async fn connect(addr: &str, ca: Option<&Path>) -> Result<Client, Fault> {
         let fault = |why: String| Fault::Connect {
             addr: addr.to_string(),
             why,
@@ -84,6 +99,21 @@ impl Client {
         // One short command at a time, each waiting for its reply: Nagle
         // would only add latency.
         stream.set_nodelay(true).map_err(|e| fault(e.to_string()))?;
+        let stream: Box<dyn Stream> = match ca {
+            None => Box::new(stream),
+            Some(ca) => {
+                let connector = tls_connector(ca).map_err(fault)?;
+                let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name = ServerName::try_from(host.to_string())
+                    .map_err(|e| fault(format!("{host} is not a host name: {e}")))?;
+                let tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream))
+                    .await
+                    .map_err(|_| fault(format!("no TLS handshake within {CONNECT_TIMEOUT:?}")))?
+                    .map_err(|e| fault(format!("TLS: {e}")))?;
+                Box::new(tls)
+            }
+        };
         Ok(Client {
             stream: BufReader::new(stream),
         })
@@ -104,16 +134,34 @@ impl Client {
             msg.extend_from_slice(body);
             msg.extend_from_slice(b"\r\n");
         }
-        self.stream
-            .get_mut()
-            .write_all(&msg)
-            .await
-            .map_err(|e| Fault::Io(e.to_string()))
+        let stream = self.stream.get_mut();
+        // A TLS stream holds what it was given until flushed.
+        async {
+            stream.write_all(&msg).await?;
+            stream.flush().await
+        }
+        .await
+        .map_err(|e| Fault::Io(e.to_string()))
     }
 
     /// Reads one reply line, without its line ending. A reply that is an
     /// error word whatever the command (`INTERNAL_ERROR`...) is a [`Fault`].
     pub async fn line(&mut self) -> Result<String, Fault> {
+        let line = self.reply().await?;
+        match line.as_str() {
+            "INTERNAL_ERROR"
+            | "OUT_OF_MEMORY"
+            | "BAD_FORMAT"
+            | "UNKNOWN_COMMAND"
+            | "TOO_MANY_CONNECTIONS" => Err(Fault::Server(line)),
+            _ => Ok(line),
+        }
+    }
+
+    /// Reads one reply line, without its line ending, whatever it says: for
+    /// a command whose error words are answers about one item of many
+    /// (an `import` line refused while the rest go on).
+    pub async fn reply(&mut self) -> Result<String, Fault> {
         let mut buf = Vec::new();
         let mut capped = (&mut self.stream).take(MAX_LINE);
         let n = tokio::time::timeout(REPLY_TIMEOUT, capped.read_until(b'\n', &mut buf))
@@ -129,16 +177,8 @@ impl Client {
                 String::from_utf8_lossy(&buf)
             )));
         };
-        let line = String::from_utf8(line.to_vec())
-            .map_err(|_| Fault::Server("a reply line that is not text".into()))?;
-        match line.as_str() {
-            "INTERNAL_ERROR"
-            | "OUT_OF_MEMORY"
-            | "BAD_FORMAT"
-            | "UNKNOWN_COMMAND"
-            | "TOO_MANY_CONNECTIONS" => Err(Fault::Server(line)),
-            _ => Ok(line),
-        }
+        String::from_utf8(line.to_vec())
+            .map_err(|_| Fault::Server("a reply line that is not text".into()))
     }
 
     /// Sends one command and reads its reply line.
@@ -184,7 +224,7 @@ impl Client {
     }
 
     /// Reads a data block of `len` bytes and the CRLF after it.
-    async fn data(&mut self, len: usize) -> Result<Vec<u8>, Fault> {
+    pub async fn data(&mut self, len: usize) -> Result<Vec<u8>, Fault> {
         // No job body or document is larger than the largest job the
         // server may be configured to take; a larger count is not to be
         // believed, nor allocated.
@@ -201,6 +241,87 @@ impl Client {
         }
         buf.truncate(len);
         Ok(buf)
+    }
+}
+
+/// A TLS client that trusts the certificates in the PEM file `ca` only:
+/// as issuers, or as the server's very certificate (a self-signed one, as
+/// `openssl req -x509` makes, is marked as a CA, which the usual checks do
+/// not accept from a server).
+fn tls_connector(ca: &Path) -> Result<tokio_rustls::TlsConnector, String> {
+    let why = |e: &dyn std::fmt::Display| format!("--tls-ca {}: {e}", ca.display());
+    let mut roots = rustls::RootCertStore::empty();
+    let mut pinned = Vec::new();
+    for cert in CertificateDer::pem_file_iter(ca).map_err(|e| why(&e))? {
+        let cert = cert.map_err(|e| why(&e))?;
+        roots.add(cert.clone()).map_err(|e| why(&e))?;
+        pinned.push(cert);
+    }
+    if pinned.is_empty() {
+        return Err(why(&"no certificate in it"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let issuers = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| why(&e))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| why(&e))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Trusted { issuers, pinned }))
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// Accepts a server whose certificate is one of `pinned`, byte for byte,
+/// or that `issuers` accepts; the handshake's signatures are checked as
+/// usual either way.
+#[derive(Debug)]
+struct Trusted {
+    issuers: Arc<WebPkiServerVerifier>,
+    pinned: Vec<CertificateDer<'static>>,
+}
+
+impl ServerCertVerifier for Trusted {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if self
+            .pinned
+            .iter()
+            .any(|c| c.as_ref() == end_entity.as_ref())
+        {
+            return Ok(ServerCertVerified::assertion());
+        }
+        self.issuers
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.issuers.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.issuers.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.issuers.supported_verify_schemes()
     }
 }
 

@@ -19,6 +19,7 @@
 pub mod client;
 mod commands;
 mod drain;
+mod transfer;
 pub mod yaml;
 
 use std::io::Write;
@@ -168,14 +169,51 @@ pub enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Write every job of the server to standard output, as JSON lines.
+    ///
+    /// One line per job with every field (id, tube, state, priority, times,
+    /// counters, options, body), in the form `import` reads, to move a
+    /// deployment to another engine. Jobs put or moved while it runs may
+    /// be missed: stop producers and workers first. Needs an admin token
+    /// without a tube prefix when tokens are on.
+    Export {
+        /// Where the server is.
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Put the jobs of an export (standard input) into the server.
+    ///
+    /// Each job keeps its client id, state, priority, due time (a job due
+    /// while it was away is ready at once), counters and body; a server id
+    /// is kept unless the server handed it out already. A job that is
+    /// there already is skipped, so an import that stopped can be run
+    /// again. Exit 3: some lines were refused (each is reported).
+    Import {
+        /// Where the server is.
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
-/// Where the server is: a flag every subcommand takes.
+/// Where the server is, and how to sign in: flags every subcommand takes.
 #[derive(Args, Debug, Clone)]
 pub struct Remote {
     /// The server to talk to (a name is resolved).
     #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_SERVER, value_parser = server_addr)]
     pub server: String,
+    /// The token to authenticate with, when the server has tokens on.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "DELAYQ_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// Connect over TLS, trusting the certificate (or the issuer's) in
+    /// this PEM file; the server's certificate must name the host of
+    /// --server.
+    #[arg(long, value_name = "PATH", env = "DELAYQ_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 /// A state `peek` looks in.
@@ -253,12 +291,39 @@ async fn dispatch(command: Command) -> Result<Outcome, Fault> {
             };
             wait.run(&mut remote.connect().await?).await
         }
+        Command::Export { remote } => {
+            let mut client = remote.connect().await?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            transfer::export(&mut client, &mut out).await
+        }
+        Command::Import { remote } => {
+            let mut client = remote.connect().await?;
+            let stdin = std::io::stdin();
+            let size = input_size(&stdin);
+            transfer::import(&mut client, &mut stdin.lock(), size).await
+        }
     }
+}
+
+/// The length of standard input if it is a file, for a progress bar.
+fn input_size(stdin: &std::io::Stdin) -> Option<u64> {
+    use std::os::fd::AsFd;
+    let file = std::fs::File::from(stdin.as_fd().try_clone_to_owned().ok()?);
+    let meta = file.metadata().ok()?;
+    meta.is_file().then_some(meta.len())
 }
 
 impl Remote {
     async fn connect(&self) -> Result<Client, Fault> {
-        Client::connect(&self.server).await
+        let mut client = Client::connect(&self.server, self.tls_ca.as_deref()).await?;
+        if let Some(token) = &self.token {
+            let line = format!("auth {token}");
+            let reply = client.command(&line).await?;
+            if reply != "AUTHENTICATED" {
+                return Err(Fault::Server(format!("auth: {reply}")));
+            }
+        }
+        Ok(client)
     }
 }
 

@@ -66,7 +66,11 @@ pub fn needs(cmd: &Command) -> Need {
         Command::Kick(_) | Command::KickJob(_) | Command::PauseTube(..) | Command::TubeSet(..) => {
             Need::Role(Role::Admin)
         }
-        Command::Schedule(_) | Command::Unschedule(_) | Command::ListSchedules => Need::WholeAdmin,
+        Command::Schedule(_)
+        | Command::Unschedule(_)
+        | Command::ListSchedules
+        | Command::Export { .. }
+        | Command::Import(_) => Need::WholeAdmin,
     }
 }
 

@@ -4,12 +4,13 @@
 //! map onto the same variants, so dispatch has one `match` for both.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 
 use super::ClientError;
-use super::options;
-use crate::job::Lifecycle;
+use super::{export, options};
+use crate::job::{ExportCursor, Lifecycle, WholeJob};
 use crate::names::{JobId, Tube, client_id, parse_u32, parse_u64};
 use crate::rules::MAX_BATCH;
 use crate::schedule::{When, now_ms, valid_name};
@@ -132,6 +133,16 @@ pub enum Command {
     /// `auth <token>` (extension), or JSON `auth`: authenticate with an
     /// access token (see `crate::auth`).
     Auth(Bytes),
+    /// `export <cursor> <count>` (extension): a page of whole jobs.
+    Export {
+        /// Where the page begins.
+        from: ExportCursor,
+        /// The most jobs it may hold (the server may give fewer).
+        max: usize,
+    },
+    /// `import <bytes>` (extension) with a line of an export as its body:
+    /// insert a whole job.
+    Import(Box<WholeJob>),
 }
 
 /// A schedule as a client registers it.
@@ -168,6 +179,8 @@ pub enum Header {
     Put(PutHeader),
     /// `schedule`.
     Schedule(ScheduleHeader),
+    /// `import`: the length of the export line that follows.
+    Import(u64),
 }
 
 impl Header {
@@ -176,6 +189,19 @@ impl Header {
         match self {
             Header::Put(h) => h.bytes,
             Header::Schedule(h) => h.bytes,
+            Header::Import(bytes) => *bytes,
+        }
+    }
+
+    /// The longest body this header may announce, under `max_job_size`:
+    /// a job's body, or for `import` a whole export line, whose body may
+    /// be written with every byte escaped.
+    pub fn max_bytes(&self, max_job_size: usize) -> u64 {
+        match self {
+            Header::Put(_) | Header::Schedule(_) => max_job_size as u64,
+            Header::Import(_) => {
+                (super::codec::MAX_LINE as u64).saturating_add(6 * max_job_size as u64)
+            }
         }
     }
 
@@ -188,6 +214,13 @@ impl Header {
                 parts.body = body;
                 Ok(Command::Schedule(Box::new(parts)))
             }
+            // The body's own size is checked against the limit where the
+            // command runs.
+            Header::Import(_) => Ok(Command::Import(Box::new(export::read_line(
+                &body,
+                SystemTime::now(),
+                usize::MAX,
+            )?))),
         }
     }
 }
@@ -291,6 +324,8 @@ const WITH_ARGS: &[&[u8]] = &[
     b"schedule",
     b"unschedule",
     b"auth",
+    b"export",
+    b"import",
 ];
 
 /// Commands recognised by prefix, longest first so that `list-tubes-watched`
@@ -348,6 +383,18 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
             })));
         }
         (b"unschedule", [name]) => Command::Unschedule(schedule_name(name)?),
+        (b"export", [cursor, count]) => Command::Export {
+            from: export::parse_cursor(cursor).ok_or(ClientError::BadFormat)?,
+            max: match parse_u64(count) {
+                Some(n @ 1..) => usize::try_from(n).unwrap_or(usize::MAX),
+                _ => return Err(ClientError::BadFormat),
+            },
+        },
+        (b"import", [bytes]) => {
+            return Ok(Line::Body(Header::Import(
+                parse_u64(bytes).ok_or(ClientError::BadFormat)?,
+            )));
+        }
         (b"auth", [token]) => Command::Auth(Bytes::copy_from_slice(token)),
         (b"use", [tube]) => Command::Use(tube_arg(tube)?),
         (b"reserve-with-timeout", [secs]) => Command::Reserve {

@@ -2,12 +2,14 @@
 //! one broker call.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::ClientError;
 use super::command::Command;
+use super::export;
 use super::failure::failed;
 use super::options;
 use super::reply::Reply;
@@ -210,6 +212,31 @@ impl<S: Store> Session<S> {
             Command::ListSchedules => Reply::Schedules(broker.schedules().await?, now_ms()),
             Command::Quit => return Ok(Outcome::Quit),
             Command::Auth(token) => self.authenticate(&token).await,
+            Command::Export { from, max } => {
+                let max = export::page_size(max, self.shared.config.max_job_size);
+                let page = broker.export(from, max).await?;
+                let now = SystemTime::now();
+                let mut data = Vec::new();
+                for job in &page.jobs {
+                    export::write_line(job, now, &mut data);
+                }
+                Reply::Exported {
+                    next: export::show_cursor(page.next),
+                    data: data.into(),
+                }
+            }
+            Command::Import(job) => {
+                if job.body.len() > self.shared.config.max_job_size {
+                    Reply::Client(ClientError::JobTooBig)
+                } else if self.shared.stats.is_draining() {
+                    Reply::Draining
+                } else {
+                    match broker.import(*job).await? {
+                        PutOutcome::Inserted(id) => Reply::Imported(id),
+                        PutOutcome::Exists(id) => Reply::Exists(id),
+                    }
+                }
+            }
         };
         Ok(Outcome::Reply(reply))
     }

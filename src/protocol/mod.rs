@@ -28,6 +28,7 @@ pub mod codec;
 pub mod command;
 pub mod connection;
 pub mod dispatch;
+pub mod export;
 pub mod failure;
 pub mod json;
 pub mod options;

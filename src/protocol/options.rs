@@ -111,6 +111,34 @@ pub fn show_backoff(b: Backoff) -> String {
     }
 }
 
+/// The options that are set, as the words of a `put` line
+/// (`tries=5 backoff=exp:10s`), which [`parse_job`] reads back.
+pub fn words(life: &Lifecycle) -> String {
+    let mut words = Vec::new();
+    if let Some(n) = life.tries {
+        words.push(format!("tries={n}"));
+    }
+    if let Some(b) = life.backoff {
+        words.push(format!("backoff={}", show_backoff(b)));
+    }
+    if let Some(d) = life.backoff_max {
+        words.push(format!("backoff-max={}", show_duration(d)));
+    }
+    if let Some(j) = life.jitter {
+        words.push(format!("jitter={j}"));
+    }
+    if let Some(d) = life.ttl {
+        words.push(format!("ttl={}", show_duration(d)));
+    }
+    if let Some(d) = life.unique {
+        words.push(format!("unique={}", show_duration(d)));
+    }
+    if let Some(n) = life.rate {
+        words.push(format!("rate={n}"));
+    }
+    words.join(" ")
+}
+
 /// The options that are set, as `name: value` YAML lines (`tube-settings`).
 pub fn yaml(life: &Lifecycle, out: &mut String) {
     // Writing into a String cannot fail.

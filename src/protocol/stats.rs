@@ -116,6 +116,8 @@ impl Cmd {
             | Command::Schedule(_)
             | Command::Unschedule(_)
             | Command::ListSchedules
+            | Command::Export { .. }
+            | Command::Import(_)
             | Command::Auth(_)
             | Command::Quit => return None,
         })

@@ -17,7 +17,8 @@ use bytes::Bytes;
 
 use crate::error::StoreResult;
 use crate::job::{
-    JobBody, JobStats, Lifecycle, NewJob, Put, Released, Reserved, StoreStats, TubeStats,
+    ExportCursor, ExportPage, JobBody, JobStats, Lifecycle, NewJob, Put, PutOutcome, Released,
+    Reserved, StoreStats, TubeStats, WholeJob,
 };
 use crate::names::{JobId, Tube};
 
@@ -212,6 +213,24 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every schedule, encoded, in the order of their names.
     fn schedules(&self) -> impl Future<Output = StoreResult<Vec<Bytes>>> + Send;
+
+    /// Up to about `max` whole jobs, from `from` on (the default cursor: the
+    /// beginning). Every job that exists for the whole of an export is in
+    /// exactly one page, or (a shared engine, whose scan may repeat itself)
+    /// in at least one: a reader drops repeated ids. A job put or moved
+    /// during the export may be missed.
+    fn export(
+        &self,
+        from: ExportCursor,
+        max: usize,
+    ) -> impl Future<Output = StoreResult<ExportPage>> + Send;
+
+    /// Inserts a whole job as an export gave it. A client id that is taken
+    /// answers `Exists`; a server id is kept if this store never handed it
+    /// out, answers `Exists` if this store holds that very job (same tube,
+    /// same put time to the millisecond: the same export imported again),
+    /// and is replaced by a new server id otherwise.
+    fn import(&self, job: WholeJob) -> impl Future<Output = StoreResult<PutOutcome>> + Send;
 
     /// Returns every job `conn` has reserved to ready (it disconnected).
     /// `held` lists the jobs the connection believes it holds: an engine that

@@ -23,4 +23,5 @@ mod retries;
 mod schedules;
 mod stats;
 mod timing;
+mod transfer;
 mod tubes;

@@ -134,6 +134,28 @@ local function next_key()
   return key
 end
 
+-- The key an imported job gets: `key` (a number; 0 for none wanted) if no
+-- put of this store can have handed it out, else the next of the sequence;
+-- either way the sequence ends up past it, so no put hands it out. Every
+-- key up to P.."seq" may have been handed out by a put, except those that
+-- imports skipped over when they raised the sequence: P.."import-floor"
+-- is the sequence as puts last left it (raised whenever the sequence has
+-- moved beyond P.."imported", the highest key an import took). A key above
+-- the floor is free unless a job holds it, which the caller looks at.
+local function claim(key)
+  local seq = tonumber(redis.call('GET', P .. 'seq') or '0')
+  local imported = tonumber(redis.call('GET', P .. 'imported') or '0')
+  local floor = tonumber(redis.call('GET', P .. 'import-floor') or '0')
+  if seq > imported and seq > floor then
+    floor = seq
+    redis.call('SET', P .. 'import-floor', floor)
+  end
+  if key <= floor then key = math.max(seq, imported) + 1 end
+  if key > imported then redis.call('SET', P .. 'imported', key) end
+  if key > seq then redis.call('SET', P .. 'seq', key) end
+  return key
+end
+
 local function tube_key(kind, tube) return P .. kind .. ':' .. tube end
 
 local function load(key)

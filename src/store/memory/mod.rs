@@ -30,7 +30,8 @@ pub use state::State;
 use crate::clock::{Clock, Micros};
 use crate::error::{StoreError, StoreResult};
 use crate::job::{
-    JobBody, JobStats, Lifecycle, NewJob, Put, Released, Reserved, StoreStats, TubeStats,
+    ExportCursor, ExportPage, JobBody, JobStats, Lifecycle, NewJob, Put, PutOutcome, Released,
+    Reserved, StoreStats, TubeStats, WholeJob,
 };
 use crate::names::{JobId, Tube};
 use crate::store::{ConnId, Store, Tick, TubeRef};
@@ -126,6 +127,15 @@ use Reply::{AtOnce, WhenSafe};
 impl<L: Log> Store for MemoryStore<L> {
     async fn put(&self, job: NewJob) -> StoreResult<Put> {
         self.change(WhenSafe, |st, now, log| st.put(job.clone(), now, log))
+            .await
+    }
+
+    async fn export(&self, from: ExportCursor, max: usize) -> StoreResult<ExportPage> {
+        self.read(|st, now| st.export(from, max, now))
+    }
+
+    async fn import(&self, job: WholeJob) -> StoreResult<PutOutcome> {
+        self.change(WhenSafe, |st, now, log| st.import(job.clone(), now, log))
             .await
     }
 

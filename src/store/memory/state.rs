@@ -269,6 +269,11 @@ pub struct State {
     /// begins: the timer serves their waiting workers then.
     pub(crate) limited: BTreeSet<(Micros, Tube)>,
     pub(super) bury_seq: u64,
+    /// For imports that keep their server ids: the highest key an import
+    /// kept since this process started, and the highest a put may have
+    /// handed out (see `State::import`).
+    pub(super) imported: u64,
+    pub(super) import_floor: u64,
     /// Tubes' settings, kept whether or not the tube exists.
     pub(super) settings: HashMap<Tube, Lifecycle>,
     /// Schedules by name, as [`crate::schedule::Schedule::encode`] made
@@ -305,6 +310,8 @@ impl State {
             taken_until: BTreeSet::new(),
             limited: BTreeSet::new(),
             bury_seq: 0,
+            imported: 0,
+            import_floor: 0,
             settings: HashMap::new(),
             schedules: BTreeMap::new(),
             total_jobs: 0,

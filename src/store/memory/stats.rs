@@ -5,7 +5,11 @@ use std::time::Duration;
 
 use super::state::{St, State, TubeState};
 use crate::clock::Micros;
-use crate::job::{Counts, JobBody, JobState, JobStats, StoreStats, TubeStats};
+use bytes::Bytes;
+
+use crate::job::{
+    Counts, ExportCursor, ExportPage, JobBody, JobState, JobStats, StoreStats, TubeStats, WholeJob,
+};
 use crate::names::{JobId, Tube};
 
 fn span(us: Micros) -> Duration {
@@ -13,6 +17,49 @@ fn span(us: Micros) -> Duration {
 }
 
 impl State {
+    /// Up to `max` whole jobs in slab order from slot `from.at` on. A job
+    /// keeps its slot for its whole life, so one that lives through an
+    /// export is in exactly one page.
+    pub fn export(&self, from: ExportCursor, max: usize, now: Micros) -> ExportPage {
+        let mut jobs = Vec::new();
+        let end = self.jobs.capacity();
+        let mut slot = usize::try_from(from.at).unwrap_or(usize::MAX);
+        while slot < end && jobs.len() < max {
+            if let Some(job) = self.jobs.get(slot) {
+                let (state, time_left, bury_order) = match job.state {
+                    St::Ready => (JobState::Ready, 0, 0),
+                    St::Delayed { due } => (JobState::Delayed, due.saturating_sub(now), 0),
+                    St::Reserved { .. } => (JobState::Reserved, 0, 0),
+                    St::Buried { seq } => (JobState::Buried, 0, seq),
+                };
+                jobs.push(WholeJob {
+                    id: job.id(),
+                    tube: job.tube.clone(),
+                    state,
+                    pri: job.pri,
+                    age: span(now.saturating_sub(job.created)),
+                    delay: span(job.delay),
+                    time_left: span(time_left),
+                    bury_order,
+                    ttr: span(job.ttr),
+                    counters: job.counters,
+                    options: job.options(),
+                    tries: job.tries(),
+                    dead: job.life.as_ref().is_some_and(|l| l.round.dead),
+                    body: Bytes::copy_from_slice(&job.body),
+                });
+            }
+            slot += 1;
+        }
+        ExportPage {
+            jobs,
+            next: (slot < end).then_some(ExportCursor {
+                part: 0,
+                at: slot as u64,
+            }),
+        }
+    }
+
     /// Any job, by id.
     pub fn peek(&self, id: &JobId) -> Option<JobBody> {
         self.slot_of(id).map(|slot| self.jobs[slot].body())

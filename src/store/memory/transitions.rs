@@ -13,7 +13,9 @@ use super::journal::{Journal, Meta, Record, Round};
 use super::state::{Job, Life, NO_CONN, Slot, St, State};
 use crate::clock::{Micros, micros};
 use crate::error::StoreResult;
-use crate::job::{JobCounters, Lifecycle, NewJob, Put, PutOutcome, Released, Reserved};
+use crate::job::{
+    JobCounters, JobState, Lifecycle, NewJob, Put, PutOutcome, Released, Reserved, WholeJob,
+};
 use crate::names::{JobId, Tube};
 use crate::rules::{KickFrom, backoff_wait, kick_from, out_of_tries};
 use crate::schedule::MAX_SCHEDULES;
@@ -73,6 +75,90 @@ impl State {
             outcome: PutOutcome::Inserted(id),
             expires: options.ttl,
         })
+    }
+
+    /// Inserts a whole job from an export (see [`crate::store::Store::import`]).
+    pub fn import(
+        &mut self,
+        whole: WholeJob,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> StoreResult<PutOutcome> {
+        let created = now.saturating_sub(micros(whole.age));
+        // A server id keeps its number unless a put of this store may have
+        // handed it out (that job's id, gone or not: a client may still
+        // hold it). Every key below `next_key` may have been, except those
+        // that imports skipped over when they raised it: the floor is where
+        // puts last left it. Every key an import takes counts as imported.
+        // (After a restart nothing is known of imports, and the floor is
+        // `next_key`: ids then change rather than being reused.)
+        let last = self.next_key - 1;
+        if last > self.imported {
+            self.import_floor = self.import_floor.max(last);
+        }
+        let (key, name) = match &whole.id {
+            JobId::Client(name) => {
+                if self.names.contains_key(name) || self.taken.get(name).is_some_and(|&u| u > now) {
+                    return Ok(PutOutcome::Exists(whole.id));
+                }
+                (self.next_key, Some(name.clone()))
+            }
+            &JobId::Server(key) => match self.slot(key) {
+                Some(slot) => {
+                    let held = &self.jobs[slot];
+                    let same = held.name.is_none()
+                        && held.tube == whole.tube
+                        && *held.body == *whole.body
+                        && held.created.abs_diff(created) <= 1_000_000;
+                    if same {
+                        return Ok(PutOutcome::Exists(whole.id));
+                    }
+                    (self.next_key, None)
+                }
+                None if key > self.import_floor => (key, None),
+                None => (self.next_key, None),
+            },
+        };
+        let state = match whole.state {
+            JobState::Ready | JobState::Reserved => St::Ready,
+            JobState::Delayed => ready_or_delayed(micros(whole.time_left), now),
+            JobState::Buried => St::Buried {
+                seq: whole.bury_order,
+            },
+        };
+        // Tries count only for a job with options.
+        let round = match whole.options.is_empty() {
+            true => Round::default(),
+            false => Round {
+                start: whole.counters.reserves.saturating_sub(whole.tries),
+                dead: whole.dead && matches!(state, St::Buried { .. }),
+            },
+        };
+        let job = Job {
+            key,
+            name,
+            tube: whole.tube,
+            pri: whole.pri,
+            delay: micros(whole.delay),
+            ttr: micros(whole.ttr),
+            created,
+            state,
+            counters: whole.counters,
+            body: Vec::from(whole.body).into_boxed_slice(),
+            life: Life::of(whole.options, round),
+        };
+        log.keep(Record::Job(job.image()))?;
+        self.next_key = self.next_key.max(key + 1);
+        self.imported = self.imported.max(key);
+        if let St::Buried { seq } = state {
+            self.bury_seq = self.bury_seq.max(seq);
+        }
+        self.total_jobs += 1;
+        self.tubes.entry(job.tube.clone()).or_default().total_jobs += 1;
+        let id = job.id();
+        let slot = self.insert(job);
+        self.link(slot, state, NO_CONN);
+        Ok(PutOutcome::Inserted(id))
     }
 
     fn reserve_slot(

@@ -9,7 +9,7 @@ use redis::{FromRedisValue, RedisError, Value};
 use crate::error::{StoreError, StoreResult};
 use crate::job::{
     Backoff, Counts, JobBody, JobCounters, JobState, JobStats, LifeStats, Lifecycle, Reserved,
-    StoreStats, TubeStats,
+    StoreStats, TubeStats, WholeJob,
 };
 use crate::names::{JobId, Tube};
 
@@ -195,13 +195,7 @@ pub(super) fn job_stats(mut v: Vec<Value>) -> StoreResult<JobStats> {
         buries,
         kicks,
     ] = <[Value; 13]>::try_from(v).map_err(|_| corrupt("stats-job"))?;
-    let state = match parse::<String>(state)?.as_str() {
-        "ready" => JobState::Ready,
-        "delayed" => JobState::Delayed,
-        "reserved" => JobState::Reserved,
-        "buried" => JobState::Buried,
-        _ => return Err(corrupt("job state")),
-    };
+    let state = job_state(state)?;
     Ok(JobStats {
         life,
         id: job_id(id)?,
@@ -219,6 +213,70 @@ pub(super) fn job_stats(mut v: Vec<Value>) -> StoreResult<JobStats> {
             buries: parse(buries)?,
             kicks: parse(kicks)?,
         },
+    })
+}
+
+/// One job of `export`'s reply: `{id, tube, state, pri, age, delay, ttr,
+/// time left, burial order, reserves, timeouts, releases, buries, kicks,
+/// options, tries, dead, body}` (times in ms).
+pub(super) fn whole_job(v: Value) -> StoreResult<WholeJob> {
+    let Value::Array(v) = v else {
+        return Err(corrupt("an exported job"));
+    };
+    let [
+        id,
+        t,
+        state,
+        pri,
+        age,
+        delay,
+        ttr,
+        left,
+        order,
+        reserves,
+        timeouts,
+        releases,
+        buries,
+        kicks,
+        options,
+        tries,
+        dead,
+        body,
+    ] = <[Value; 18]>::try_from(v).map_err(|_| corrupt("an exported job"))?;
+    let Value::BulkString(body) = body else {
+        return Err(corrupt("an exported job's body"));
+    };
+    Ok(WholeJob {
+        id: job_id(id)?,
+        tube: tube(&parse::<String>(t)?)?,
+        state: job_state(state)?,
+        pri: parse(pri)?,
+        age: ms(age)?,
+        delay: ms(delay)?,
+        time_left: ms(left)?,
+        bury_order: parse(order)?,
+        ttr: ms(ttr)?,
+        counters: JobCounters {
+            reserves: parse(reserves)?,
+            timeouts: parse(timeouts)?,
+            releases: parse(releases)?,
+            buries: parse(buries)?,
+            kicks: parse(kicks)?,
+        },
+        options: decode_options(&parse::<String>(options)?)?,
+        tries: parse(tries)?,
+        dead: parse::<i64>(dead)? == 1,
+        body: Bytes::from(body),
+    })
+}
+
+fn job_state(v: Value) -> StoreResult<JobState> {
+    Ok(match parse::<String>(v)?.as_str() {
+        "ready" => JobState::Ready,
+        "delayed" => JobState::Delayed,
+        "reserved" => JobState::Reserved,
+        "buried" => JobState::Buried,
+        _ => return Err(corrupt("job state")),
     })
 }
 

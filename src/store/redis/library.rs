@@ -38,7 +38,7 @@ pub(super) enum Kind {
 impl Kind {
     fn ops(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Kind::Puts => ops!(put),
+            Kind::Puts => ops!(put, import),
             Kind::Moves => ops!(
                 reserve,
                 reserve_job,
@@ -60,6 +60,7 @@ impl Kind {
                 reserve_many,
                 delete_many,
                 set_schedule,
+                claim_key,
             ),
             Kind::Reads => ops!(
                 peek,
@@ -73,6 +74,7 @@ impl Kind {
                 firsts,
                 tube_settings,
                 schedules,
+                export,
             ),
         }
     }

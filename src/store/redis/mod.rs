@@ -47,8 +47,8 @@ use shards::Sharding;
 use super::{ConnId, Store, StoreEvent, Tick, TubeRef};
 use crate::error::{StoreError, StoreResult};
 use crate::job::{
-    JobBody, JobStats, Lifecycle, NewJob, Put, PutOutcome, Released, Reserved, StoreStats,
-    TubeStats,
+    ExportCursor, ExportPage, JobBody, JobState, JobStats, Lifecycle, NewJob, Put, PutOutcome,
+    Released, Reserved, StoreStats, TubeStats, WholeJob,
 };
 use crate::names::{JobId, Tube};
 use crate::schedule::MAX_SCHEDULES;
@@ -767,6 +767,62 @@ impl Store for RedisStore {
         self.peek_tube("buried", t).await
     }
 
+    async fn export(&self, from: ExportCursor, max: usize) -> StoreResult<ExportPage> {
+        // One page is one HSCAN of one shard's job hash.
+        let parts = if self.sharding.is_some() { SHARDS } else { 1 };
+        let part = usize::try_from(from.part).unwrap_or(usize::MAX);
+        if part >= parts {
+            return Ok(ExportPage::default());
+        }
+        let args = vec![Arg::Int(from.at), Arg::Int(max.max(1) as u64)];
+        let got: (u64, Vec<Value>) = parse(self.op_on(part, Kind::Reads, "export", args).await?)?;
+        let jobs = got
+            .1
+            .into_iter()
+            .map(decode::whole_job)
+            .collect::<StoreResult<Vec<_>>>()?;
+        let next = match got.0 {
+            0 if part + 1 < parts => Some(ExportCursor {
+                part: part as u64 + 1,
+                at: 0,
+            }),
+            0 => None,
+            at => Some(ExportCursor {
+                part: part as u64,
+                at,
+            }),
+        };
+        Ok(ExportPage { jobs, next })
+    }
+
+    async fn import(&self, job: WholeJob) -> StoreResult<PutOutcome> {
+        let hex = |key: u64| format!("{key:012x}");
+        let (shard, key, mode) = match (&self.sharding, &job.id) {
+            (None, JobId::Client(_)) => (0, String::new(), "keep"),
+            (None, &JobId::Server(key)) => (0, hex(key), "keep"),
+            (Some(s), JobId::Client(_)) => {
+                let key = self.next_key(s, None).await?;
+                (s.locate(&job.id), hex(key), "keep")
+            }
+            (Some(s), &JobId::Server(key)) => {
+                // The key's shard holds the job if it was imported before;
+                // a key the cluster never handed out is claimed first, so
+                // no process hands it out after.
+                let claimed: i64 = self.write("claim_key", vec![Arg::Int(key)]).await?;
+                let shard = s.locate(&job.id);
+                let mode = if claimed == 1 { "keep" } else { "same" };
+                let got = self.import_on(shard, &job, hex(key), mode).await?;
+                if got != Value::Int(-1) {
+                    return self.imported(shard, &job, got);
+                }
+                let key = self.next_key(s, Some(&job.tube)).await?;
+                (s.locate(&JobId::Server(key)), hex(key), "keep")
+            }
+        };
+        let got = self.import_on(shard, &job, key, mode).await?;
+        self.imported(shard, &job, got)
+    }
+
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
         let shard = self.locate(id);
         let got = self
@@ -1109,6 +1165,62 @@ impl RedisStore {
     /// The next key of this process's block of the cluster-wide sequence
     /// that suits a job of `tube` (any key for a client-chosen id, `None`),
     /// taking a new block from the control slot when this one runs out.
+    /// What an `import` call that did not answer -1 did.
+    fn imported(&self, shard: usize, job: &WholeJob, got: Value) -> StoreResult<PutOutcome> {
+        if got == Value::Int(0) {
+            return Ok(PutOutcome::Exists(job.id.clone()));
+        }
+        let id = job_id(got)?;
+        if job.state == JobState::Delayed {
+            self.due_in(shard, job.time_left);
+        }
+        Ok(PutOutcome::Inserted(id))
+    }
+
+    /// One `import` call for `job` in `shard`, with the key and mode the
+    /// script takes (see `import.lua`).
+    async fn import_on(
+        &self,
+        shard: usize,
+        job: &WholeJob,
+        key: String,
+        mode: &'static str,
+    ) -> StoreResult<Value> {
+        let name = match &job.id {
+            JobId::Client(name) => Arg::Text(name.to_string()),
+            JobId::Server(_) => Arg::Static(""),
+        };
+        let state = match job.state {
+            JobState::Ready | JobState::Reserved => "ready",
+            JobState::Delayed => "delayed",
+            JobState::Buried => "buried",
+        };
+        let c = job.counters;
+        let args = vec![
+            Arg::Tube(job.tube.clone()),
+            name,
+            Arg::Text(key),
+            Arg::Static(mode),
+            Arg::Int(job.pri.into()),
+            Arg::Int(millis(job.delay)),
+            Arg::Int(millis(job.ttr)),
+            Arg::Body(job.body.clone()),
+            Arg::Text(decode::encode_options(&job.options)),
+            Arg::Static(state),
+            Arg::Int(millis(job.time_left)),
+            Arg::Int(millis(job.age)),
+            Arg::Int(job.bury_order),
+            Arg::Int(c.reserves.into()),
+            Arg::Int(c.timeouts.into()),
+            Arg::Int(c.releases.into()),
+            Arg::Int(c.buries.into()),
+            Arg::Int(c.kicks.into()),
+            Arg::Int(job.tries.into()),
+            Arg::Int(job.dead.into()),
+        ];
+        self.op_on(shard, Kind::Puts, "import", args).await
+    }
+
     async fn next_key(&self, s: &Sharding, tube: Option<&Tube>) -> StoreResult<u64> {
         let mut block = self.keys.lock().await;
         loop {

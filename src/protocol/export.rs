@@ -1,0 +1,353 @@
+//! The line format of `export` and `import`: one JSON object per job, with
+//! every field, so that `delayq export > jobs.jsonl` on one engine and
+//! `delayq import < jobs.jsonl` on another move a deployment whole.
+//!
+//! ```text
+//! {"id":"order-close:4711","tube":"orders","state":"delayed","pri":1024,
+//!  "created":"2026-11-26T06:40:00.123Z","delay-ms":1800000,"ttr-ms":60000,
+//!  "due":"2026-11-26T07:10:00.123Z","reserves":0,"timeouts":0,"releases":0,
+//!  "buries":0,"kicks":0,"body":"close 4711"}
+//! ```
+//!
+//! Times are wall-clock times (RFC 3339, UTC, to the millisecond), so a job
+//! due in 5 minutes when it was exported is due at once if the file is
+//! imported an hour later, as after a restart. A server id is a number, a
+//! client id a string. A body that is not UTF-8 is `body-base64` instead of
+//! `body`. `options` is a job's options as a `put` line writes them, with
+//! `tries-used` and `dead` (where it is in them); `bury-order` is a buried
+//! job's place in its tube's burial order (the exporting engine's own
+//! numbering: buried jobs keep their order among themselves).
+
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{Map, Value, json};
+
+use super::ClientError;
+use super::options;
+use crate::job::{ExportCursor, JobCounters, JobState, WholeJob};
+use crate::names::{JobId, Tube};
+
+/// Most jobs one `export` page holds.
+pub const MAX_PAGE: usize = 1000;
+
+/// Most bytes of job bodies one page may hold at the largest job size: a
+/// page is built whole in memory, so its size is bounded by this rather
+/// than by [`MAX_PAGE`] times a large `-z`.
+pub const PAGE_BYTES: usize = 8 << 20;
+
+/// How many jobs a page asked for `asked` holds at most, with bodies of up
+/// to `max_job_size` bytes.
+pub fn page_size(asked: usize, max_job_size: usize) -> usize {
+    asked
+        .min(MAX_PAGE)
+        .min(PAGE_BYTES / max_job_size.max(1))
+        .max(1)
+}
+
+/// A cursor as a client sends it back: `0` for the beginning, `AT` or
+/// `PART.AT`.
+pub fn parse_cursor(raw: &[u8]) -> Option<ExportCursor> {
+    let raw = std::str::from_utf8(raw).ok()?;
+    let number = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    match raw.split_once('.') {
+        Some((part, at)) => Some(ExportCursor {
+            part: number(part)?,
+            at: number(at)?,
+        }),
+        None => Some(ExportCursor {
+            part: 0,
+            at: number(raw)?,
+        }),
+    }
+}
+
+/// A cursor as a reply shows it; `0` when the export is complete.
+pub fn show_cursor(next: Option<ExportCursor>) -> String {
+    match next {
+        None => "0".into(),
+        Some(ExportCursor { part: 0, at }) => at.to_string(),
+        Some(ExportCursor { part, at }) => format!("{part}.{at}"),
+    }
+}
+
+fn wall(now: SystemTime, offset: Duration, ahead: bool) -> String {
+    let at = if ahead {
+        now.checked_add(offset)
+    } else {
+        now.checked_sub(offset)
+    }
+    .unwrap_or(now);
+    DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn state_word(state: JobState) -> &'static str {
+    match state {
+        JobState::Ready => "ready",
+        JobState::Delayed => "delayed",
+        JobState::Reserved => "reserved",
+        JobState::Buried => "buried",
+    }
+}
+
+/// Writes `job` as one line (with its `\n`) onto `out`; `now` is the wall
+/// clock the job's times are counted from.
+pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut Vec<u8>) {
+    let id = match &job.id {
+        JobId::Server(n) => json!(n),
+        JobId::Client(name) => json!(&**name),
+    };
+    let mut obj = Map::new();
+    obj.insert("id".into(), id);
+    obj.insert("tube".into(), json!(job.tube.as_str()));
+    obj.insert("state".into(), json!(state_word(job.state)));
+    obj.insert("pri".into(), json!(job.pri));
+    obj.insert("created".into(), json!(wall(now, job.age, false)));
+    obj.insert("delay-ms".into(), json!(job.delay.as_millis() as u64));
+    obj.insert("ttr-ms".into(), json!(job.ttr.as_millis() as u64));
+    match job.state {
+        JobState::Delayed => {
+            obj.insert("due".into(), json!(wall(now, job.time_left, true)));
+        }
+        JobState::Buried => {
+            obj.insert("bury-order".into(), json!(job.bury_order));
+        }
+        JobState::Ready | JobState::Reserved => {}
+    }
+    let c = job.counters;
+    for (name, n) in [
+        ("reserves", c.reserves),
+        ("timeouts", c.timeouts),
+        ("releases", c.releases),
+        ("buries", c.buries),
+        ("kicks", c.kicks),
+    ] {
+        obj.insert(name.into(), json!(n));
+    }
+    if !job.options.is_empty() {
+        obj.insert("options".into(), json!(options::words(&job.options)));
+        obj.insert("tries-used".into(), json!(job.tries));
+        obj.insert("dead".into(), json!(job.dead));
+    }
+    match std::str::from_utf8(&job.body) {
+        Ok(text) => obj.insert("body".into(), json!(text)),
+        Err(_) => obj.insert("body-base64".into(), json!(BASE64.encode(&job.body))),
+    };
+    // Serialising a map of plain values cannot fail.
+    let _ = serde_json::to_writer(&mut *out, &Value::Object(obj));
+    out.push(b'\n');
+}
+
+/// Reads one line written by [`write_line`] (its line ending stripped or
+/// not); `now` is the wall clock its times are counted to. A body over
+/// `max_job_size` is `JOB_TOO_BIG`; anything else wrong is `BAD_FORMAT`.
+pub fn read_line(
+    line: &[u8],
+    now: SystemTime,
+    max_job_size: usize,
+) -> Result<WholeJob, ClientError> {
+    let bad = || ClientError::BadFormat;
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
+        return Err(bad());
+    };
+    let text = |name: &str| obj.get(name).and_then(Value::as_str);
+    let count = |name: &str| -> Result<u64, ClientError> {
+        match obj.get(name) {
+            None => Ok(0),
+            Some(v) => v.as_u64().ok_or_else(bad),
+        }
+    };
+    let small =
+        |name: &str| -> Result<u32, ClientError> { u32::try_from(count(name)?).map_err(|_| bad()) };
+    let time = |name: &str| -> Result<SystemTime, ClientError> {
+        let raw = text(name).ok_or_else(bad)?;
+        let at = DateTime::parse_from_rfc3339(raw).map_err(|_| bad())?;
+        Ok(SystemTime::from(at.with_timezone(&Utc)))
+    };
+    let id = match obj.get("id") {
+        Some(Value::Number(n)) => JobId::Server(n.as_u64().filter(|&n| n > 0).ok_or_else(bad)?),
+        Some(Value::String(s)) => {
+            JobId::Client(crate::names::client_id(s.as_bytes()).ok_or_else(bad)?)
+        }
+        _ => return Err(bad()),
+    };
+    let tube = Tube::parse(text("tube").ok_or_else(bad)?.as_bytes()).ok_or_else(bad)?;
+    let state = match text("state").ok_or_else(bad)? {
+        "ready" => JobState::Ready,
+        "delayed" => JobState::Delayed,
+        "reserved" => JobState::Reserved,
+        "buried" => JobState::Buried,
+        _ => return Err(bad()),
+    };
+    let created = time("created")?;
+    let time_left = match state {
+        JobState::Delayed => time("due")?.duration_since(now).unwrap_or_default(),
+        _ => Duration::ZERO,
+    };
+    let options = match text("options") {
+        None => Default::default(),
+        Some(words) => {
+            let words: Vec<&[u8]> = words
+                .split(' ')
+                .filter(|w| !w.is_empty())
+                .map(str::as_bytes)
+                .collect();
+            options::parse_job(&words)?
+        }
+    };
+    let body = match (obj.get("body"), text("body-base64")) {
+        (Some(Value::String(s)), None) => Bytes::copy_from_slice(s.as_bytes()),
+        (None, Some(b64)) => Bytes::from(BASE64.decode(b64).map_err(|_| bad())?),
+        _ => return Err(bad()),
+    };
+    if body.len() > max_job_size {
+        return Err(ClientError::JobTooBig);
+    }
+    Ok(WholeJob {
+        id,
+        tube,
+        state,
+        pri: small("pri")?,
+        age: now.duration_since(created).unwrap_or_default(),
+        delay: Duration::from_millis(count("delay-ms")?),
+        time_left,
+        bury_order: count("bury-order")?,
+        ttr: Duration::from_millis(count("ttr-ms")?),
+        counters: JobCounters {
+            reserves: small("reserves")?,
+            timeouts: small("timeouts")?,
+            releases: small("releases")?,
+            buries: small("buries")?,
+            kicks: small("kicks")?,
+        },
+        options,
+        tries: small("tries-used")?,
+        dead: match obj.get("dead") {
+            None => false,
+            Some(v) => v.as_bool().ok_or_else(bad)?,
+        },
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Backoff, Lifecycle};
+
+    fn job(id: JobId, body: &[u8]) -> WholeJob {
+        WholeJob {
+            id,
+            tube: Tube::parse(b"orders").unwrap(),
+            state: JobState::Delayed,
+            pri: 7,
+            age: Duration::from_secs(90),
+            delay: Duration::from_secs(120),
+            time_left: Duration::from_secs(30),
+            bury_order: 0,
+            ttr: Duration::from_millis(1500),
+            counters: JobCounters {
+                reserves: 3,
+                timeouts: 1,
+                releases: 1,
+                buries: 0,
+                kicks: 0,
+            },
+            options: Lifecycle {
+                tries: Some(5),
+                backoff: Some(Backoff::Exponential(Duration::from_secs(10))),
+                ttl: Some(Duration::from_secs(3600)),
+                ..Default::default()
+            },
+            tries: 2,
+            dead: false,
+            body: Bytes::copy_from_slice(body),
+        }
+    }
+
+    #[test]
+    fn a_line_reads_back_as_the_job_it_was() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        for (id, body) in [
+            (JobId::Server(42), &b"close order 4711"[..]),
+            (
+                JobId::Client("order-close:4711".into()),
+                &b"\xff\x00 binary\r\n"[..],
+            ),
+        ] {
+            let job = job(id, body);
+            let mut line = Vec::new();
+            write_line(&job, now, &mut line);
+            assert_eq!(line.last(), Some(&b'\n'));
+            assert_eq!(read_line(&line, now, 1 << 16), Ok(job));
+        }
+    }
+
+    #[test]
+    fn times_are_wall_clock_times() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut line = Vec::new();
+        write_line(&job(JobId::Server(1), b"x"), now, &mut line);
+        let text = String::from_utf8(line.clone()).unwrap();
+        assert!(
+            text.contains(r#""due":"2027-01-15T08:00:30.000Z""#),
+            "{text}"
+        );
+        // Read an hour later, the job is due at once and an hour older.
+        let later = now + Duration::from_secs(3600);
+        let back = read_line(&line, later, 1 << 16).unwrap();
+        assert_eq!(back.time_left, Duration::ZERO);
+        assert_eq!(back.age, Duration::from_secs(3690));
+    }
+
+    #[test]
+    fn bad_lines_are_refused() {
+        let now = SystemTime::now();
+        for bad in [
+            &br#"{"#[..],
+            br#"[]"#,
+            br#"{"id":0,"tube":"t","state":"ready","created":"2026-01-01T00:00:00Z","body":""}"#,
+            br#"{"id":1,"tube":"bad tube","state":"ready","created":"2026-01-01T00:00:00Z","body":""}"#,
+            br#"{"id":1,"tube":"t","state":"gone","created":"2026-01-01T00:00:00Z","body":""}"#,
+            br#"{"id":1,"tube":"t","state":"ready","created":"yesterday","body":""}"#,
+            br#"{"id":1,"tube":"t","state":"delayed","created":"2026-01-01T00:00:00Z","body":""}"#,
+            br#"{"id":1,"tube":"t","state":"ready","created":"2026-01-01T00:00:00Z"}"#,
+            br#"{"id":1,"tube":"t","state":"ready","created":"2026-01-01T00:00:00Z","body":"","pri":-1}"#,
+        ] {
+            assert_eq!(
+                read_line(bad, now, 100),
+                Err(ClientError::BadFormat),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // A tube's own option is not a job's.
+        let rate = br#"{"id":1,"tube":"t","state":"ready","created":"2026-01-01T00:00:00Z","body":"","options":"rate=5"}"#;
+        assert_eq!(read_line(rate, now, 100), Err(ClientError::BadOption));
+        let big = br#"{"id":1,"tube":"t","state":"ready","created":"2026-01-01T00:00:00Z","body":"0123456789"}"#;
+        assert_eq!(read_line(big, now, 9), Err(ClientError::JobTooBig));
+    }
+
+    #[test]
+    fn cursors_read_back() {
+        for c in [
+            None,
+            Some(ExportCursor { part: 0, at: 17 }),
+            Some(ExportCursor { part: 3, at: 99 }),
+        ] {
+            let shown = show_cursor(c);
+            let read = parse_cursor(shown.as_bytes()).unwrap();
+            assert_eq!(read, c.unwrap_or_default());
+        }
+        assert_eq!(parse_cursor(b"x"), None);
+        assert_eq!(parse_cursor(b"1."), None);
+        assert_eq!(parse_cursor(b"-1"), None);
+    }
+}

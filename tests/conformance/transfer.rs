@@ -1,0 +1,338 @@
+//! `export` and `import` (EXTENSION): every job of a server as JSON lines,
+//! and back into another server with every field it had: id, tube, state
+//! (a reserved job comes back ready), priority, delay, TTR, due time,
+//! counters, options and where it is in its tries, burial order, and the
+//! body byte for byte. An import of a job that is there already answers
+//! `EXISTS`, so an import can be run again; a server id is kept unless the
+//! importing server handed it out already.
+//!
+//! Each test moves jobs both ways between the engine under test and a fresh
+//! memory-only server, so that the engine's export and its import are both
+//! tried, whatever the other end. The cluster engine is shared by all the
+//! tests of a run, so the tests work in tubes of their own and look only at
+//! their lines.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::{Backend, Client, TestServer, Yaml, every_byte};
+use crate::support::{SEC, put_with};
+
+backend_tests!(
+    every_job_moves_with_every_field_both_ways,
+    a_repeated_import_changes_nothing,
+    bad_import_lines_are_refused_and_the_connection_goes_on,
+    an_imported_delayed_job_keeps_its_due_time,
+);
+
+/// A tube no other test of the run uses.
+fn fresh_tube(what: &str) -> String {
+    format!("xfer-{what}-{}", fastrand::u32(..))
+}
+
+/// The jobs of the scenario, as put into `tube` on `c`, by a name of the
+/// test's: their ids and bodies. `c` ends up holding one of them reserved.
+async fn make_jobs(c: &mut Client, tube: &str) -> BTreeMap<&'static str, (String, Vec<u8>)> {
+    let mut jobs = BTreeMap::new();
+    assert_eq!(c.cmd(&format!("use {tube}")).await, format!("USING {tube}"));
+    assert!(
+        c.cmd(&format!("watch {tube}"))
+            .await
+            .starts_with("WATCHING")
+    );
+    let put = |reply: String| -> String {
+        reply
+            .strip_prefix("INSERTED ")
+            .unwrap_or_else(|| panic!("expected INSERTED, got {reply:?}"))
+            .to_string()
+    };
+    let mut add = async |c: &mut Client, name, args: &str, body: Vec<u8>, extra: &str| {
+        let id = put(put_with(c, args, &body, extra).await);
+        jobs.insert(name, (id.clone(), body));
+        id
+    };
+    add(c, "plain", "5 0 30", b"plain".to_vec(), "").await;
+    let client_id = format!("{tube}:order-4711");
+    add(c, "client-id", "7 0 30", every_byte(), &client_id).await;
+    add(c, "later", "9 3600 45", b"later".to_vec(), "").await;
+    for (name, pri) in [("first-buried", 3), ("second-buried", 4)] {
+        let id = add(c, name, "100 0 30", name.as_bytes().to_vec(), "").await;
+        c.reserved(&format!("reserve-job {id}")).await;
+        assert_eq!(c.cmd(&format!("bury {id} {pri}")).await, "BURIED");
+    }
+    let id = add(
+        c,
+        "options",
+        "11 0 30",
+        b"options".to_vec(),
+        "tries=3 ttl=1h",
+    )
+    .await;
+    c.reserved(&format!("reserve-job {id}")).await;
+    assert_eq!(c.cmd(&format!("release {id} 8 0")).await, "RELEASED");
+    let id = add(c, "held", "12 0 600", b"held".to_vec(), "").await;
+    c.reserved(&format!("reserve-job {id}")).await;
+    jobs
+}
+
+/// Every line of `c`'s export that is of `tube`, read in pages of
+/// `page` jobs, ids seen twice dropped.
+async fn export_tube(c: &mut Client, tube: &str, page: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut cursor = String::from("0");
+    for _ in 0..100_000 {
+        let reply = c.cmd(&format!("export {cursor} {page}")).await;
+        let mut words = reply.split(' ');
+        assert_eq!(words.next(), Some("EXPORTED"), "{reply:?}");
+        let next = words.next().expect("a cursor").to_string();
+        let len: usize = words.next().expect("a length").parse().expect("a number");
+        let data = c.read_exact(len + 2).await;
+        assert!(data.ends_with(b"\r\n"), "the page ends with CRLF");
+        let text = String::from_utf8(data[..len].to_vec()).expect("JSON lines are text");
+        for line in text.lines() {
+            let job: Value = serde_json::from_str(line).expect("each line is a JSON object");
+            if job["tube"] == tube && seen.insert(job["id"].to_string()) {
+                lines.push(line.to_string());
+            }
+        }
+        if next == "0" {
+            // As `delayq export` writes them: server ids first, so that
+            // client-id jobs, which take new numbers, take none of theirs.
+            lines.sort_by_key(|l| !line_id(l).chars().all(|c| c.is_ascii_digit()));
+            return lines;
+        }
+        cursor = next;
+    }
+    panic!("the export never ended");
+}
+
+/// Imports `lines` into `c`; returns the id each got, in order.
+async fn import_all(c: &mut Client, lines: &[String]) -> Vec<String> {
+    let mut ids = Vec::new();
+    for line in lines {
+        let reply = c.cmd(&format!("import {}\r\n{line}", line.len())).await;
+        let id = reply
+            .strip_prefix("IMPORTED ")
+            .unwrap_or_else(|| panic!("expected IMPORTED for {line}, got {reply:?}"));
+        ids.push(id.to_string());
+    }
+    ids
+}
+
+/// The id of an export line, as the text protocol prints it.
+fn line_id(line: &str) -> String {
+    match &serde_json::from_str::<Value>(line).expect("a JSON line")["id"] {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        other => panic!("an id that is {other}"),
+    }
+}
+
+/// The `stats-job` fields that must come through an export and import
+/// unchanged (all but the id, the times that pass, and `file`).
+fn lasting(stats: &Yaml, reserved_becomes_ready: bool) -> BTreeMap<String, String> {
+    stats
+        .map()
+        .into_iter()
+        .filter(|(k, _)| !matches!(*k, "id" | "age" | "time-left" | "file"))
+        .map(|(k, v)| {
+            let v = if k == "state" && v == "reserved" && reserved_becomes_ready {
+                "ready"
+            } else {
+                v
+            };
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// Moves the scenario's jobs from `from` to `to` and checks every one.
+/// Returns the ids the jobs got.
+async fn move_and_check(
+    from: &mut Client,
+    to: &mut Client,
+    tube: &str,
+    fresh_ids: bool,
+) -> Vec<String> {
+    let jobs = make_jobs(from, tube).await;
+    let mut before = BTreeMap::new();
+    for (name, (id, _)) in &jobs {
+        before.insert(*name, from.stats_job(id).await);
+    }
+    // Pages of two: the scenario spans several.
+    let lines = export_tube(from, tube, 2).await;
+    assert_eq!(lines.len(), jobs.len(), "one line per job: {lines:#?}");
+    let got = import_all(to, &lines).await;
+    let moved: BTreeMap<String, String> = lines.iter().map(|l| line_id(l)).zip(got).collect();
+    for (name, (id, body)) in &jobs {
+        let new_id = &moved[id];
+        if !id.chars().all(|c| c.is_ascii_digit()) || fresh_ids {
+            assert_eq!(new_id, id, "{name} keeps its id");
+        }
+        let after = to.stats_job(new_id).await;
+        assert_eq!(
+            lasting(&after, true),
+            lasting(&before[name], true),
+            "{name}: every field comes through"
+        );
+        let (age0, age1) = (before[name].num("age"), after.num("age"));
+        assert!(
+            age1 >= age0 && age1 <= age0 + 3,
+            "{name}: age {age0} then {age1}"
+        );
+        let found = to.found(&format!("peek {new_id}")).await;
+        assert_eq!(&found.body, body, "{name}: the body byte for byte");
+    }
+    let later = to.stats_job(&moved[&jobs["later"].0]).await;
+    let left = later.num("time-left");
+    assert!(
+        (3590..=3600).contains(&left),
+        "due in an hour still: {left}"
+    );
+    // Buried jobs keep their order: the one buried first is kicked first.
+    assert_eq!(
+        to.cmd(&format!("use {tube}")).await,
+        format!("USING {tube}")
+    );
+    let first = to.found("peek-buried").await;
+    assert_eq!(first.body, b"first-buried");
+    // The options' job is where it was in its tries: one used of three.
+    let options = to.stats_job(&moved[&jobs["options"].0]).await;
+    assert_eq!(options.get("tries"), "1");
+    assert_eq!(options.get("max-tries"), "3");
+    assert_eq!(options.get("ttl"), "1h");
+    moved.into_values().collect()
+}
+
+async fn every_job_moves_with_every_field_both_ways(b: Backend) {
+    let server = TestServer::start(b).await;
+    let memory = TestServer::start(Backend::Memory).await;
+    let (mut s, mut m) = (server.client().await, memory.client().await);
+    // The engine's export, into a fresh store: every server id is kept.
+    let ids = move_and_check(&mut s, &mut m, &fresh_tube("out"), true).await;
+    // Its import, from a fresh store into a fresh one (but the shared
+    // cluster, which has handed out the low server ids already: there they
+    // are new).
+    let memory2 = TestServer::start(Backend::Memory).await;
+    let server2 = TestServer::start(b).await;
+    let (mut m2, mut s2) = (memory2.client().await, server2.client().await);
+    let fresh = b != Backend::Cluster;
+    move_and_check(&mut m2, &mut s2, &fresh_tube("in"), fresh).await;
+    // Into a store whose own jobs hold those ids, they are new ids.
+    move_and_check(&mut m2, &mut s, &fresh_tube("taken"), false).await;
+    // Server ids are never handed out twice: a new put comes after the
+    // ids the import kept.
+    let largest = ids.iter().filter_map(|id| id.parse::<u64>().ok()).max();
+    let new = m.put_ok(1, 0, 10, b"new").await;
+    assert!(Some(new) > largest, "a new id {new} after {largest:?}");
+}
+
+async fn a_repeated_import_changes_nothing(b: Backend) {
+    let server = TestServer::start(b).await;
+    let memory = TestServer::start(Backend::Memory).await;
+    let (mut s, mut m) = (server.client().await, memory.client().await);
+    let tube = fresh_tube("again");
+    let jobs = make_jobs(&mut m, &tube).await;
+    let lines = export_tube(&mut m, &tube, 100).await;
+    import_all(&mut s, &lines).await;
+    let total = s.stats_tube(&tube).await.num("total-jobs");
+    assert_eq!(total, jobs.len() as u64);
+    for line in &lines {
+        let reply = s.cmd(&format!("import {}\r\n{line}", line.len())).await;
+        assert_eq!(reply, format!("EXISTS {}", line_id(line)), "{line}");
+    }
+    let again = s.stats_tube(&tube).await.num("total-jobs");
+    assert_eq!(again, total, "nothing was put again");
+    // A client id held by another job is not taken over.
+    let other = format!("{tube}:other");
+    assert_eq!(
+        s.put_id(1, 0, 10, b"mine", &other).await,
+        format!("INSERTED {other}")
+    );
+    let mut job: Value = serde_json::from_str(&lines[0]).expect("a JSON line");
+    job["id"] = Value::String(other.clone());
+    let line = job.to_string();
+    let reply = s.cmd(&format!("import {}\r\n{line}", line.len())).await;
+    assert_eq!(reply, format!("EXISTS {other}"));
+    assert_eq!(s.found(&format!("peek {other}")).await.body, b"mine");
+}
+
+async fn bad_import_lines_are_refused_and_the_connection_goes_on(b: Backend) {
+    let server = TestServer::start(b).await;
+    let mut c = server.client().await;
+    let tube = fresh_tube("bad");
+    let good = format!(
+        r#"{{"id":"{tube}:x","tube":"{tube}","state":"ready","pri":1,"created":"2026-01-01T00:00:00Z","ttr-ms":1000,"body":"x"}}"#
+    );
+    for bad in [
+        "not json".to_string(),
+        "{}".to_string(),
+        good.replace(r#""state":"ready""#, r#""state":"lost""#),
+        good.replace(r#""body":"x""#, r#""body-base64":"!!""#),
+        good.replace(&format!(r#""tube":"{tube}""#), r#""tube":"bad tube""#),
+        good.replace(r#""pri":1"#, r#""pri":-1"#),
+    ] {
+        let reply = c.cmd(&format!("import {}\r\n{bad}", bad.len())).await;
+        assert_eq!(reply, "BAD_FORMAT", "{bad}");
+    }
+    // A body over the job size limit, and a line longer than any could be:
+    // the line is skipped, not taken for commands.
+    let big = good.replace(
+        r#""body":"x""#,
+        &format!(r#""body":"{}""#, "y".repeat(70_000)),
+    );
+    let reply = c.cmd(&format!("import {}\r\n{big}", big.len())).await;
+    assert_eq!(reply, "JOB_TOO_BIG");
+    let huge = "put 0 0 1 1\r\nz\r\n".repeat(40_000);
+    let reply = c.cmd(&format!("import {}\r\n{huge}", huge.len())).await;
+    assert_eq!(reply, "JOB_TOO_BIG");
+    // A body line must end where it said.
+    c.send(format!("import {}\r\n{good}xx", good.len()).as_bytes())
+        .await;
+    assert_eq!(c.line().await, "EXPECTED_CRLF");
+    for bad in [
+        "export",
+        "export 0",
+        "export x 10",
+        "export 0 0",
+        "export 1. 5",
+        "import x",
+    ] {
+        let reply = c.cmd(bad).await;
+        assert!(
+            reply == "BAD_FORMAT" || reply == "UNKNOWN_COMMAND",
+            "{bad}: {reply}"
+        );
+    }
+    // Nothing of the above was put, and the connection still works.
+    assert_eq!(c.cmd(&format!("stats-tube {tube}")).await, "NOT_FOUND");
+    let reply = c.cmd(&format!("import {}\r\n{good}", good.len())).await;
+    assert_eq!(reply, format!("IMPORTED {tube}:x"));
+}
+
+async fn an_imported_delayed_job_keeps_its_due_time(b: Backend) {
+    let server = TestServer::start(b).await;
+    let memory = TestServer::start(Backend::Memory).await;
+    let (mut s, mut m) = (server.client().await, memory.client().await);
+    let tube = fresh_tube("due");
+    assert_eq!(m.cmd(&format!("use {tube}")).await, format!("USING {tube}"));
+    m.put_ok(1, 3, 10, b"soon").await;
+    let lines = export_tube(&mut m, &tube, 10).await;
+    assert_eq!(lines.len(), 1);
+    // A second of the delay passes between export and import.
+    tokio::time::sleep(SEC).await;
+    let ids = import_all(&mut s, &lines).await;
+    assert_eq!(s.cmd(&format!("watch {tube}")).await, "WATCHING 2");
+    let started = tokio::time::Instant::now();
+    let job = s.reserved("reserve-with-timeout 5").await;
+    let took = started.elapsed();
+    assert_eq!(job.body, b"soon");
+    assert_eq!(job.id, ids[0]);
+    assert!(
+        took >= Duration::from_millis(1500) && took <= Duration::from_millis(3000),
+        "due when it was due at the exporter, 2 s after the import: {took:?}"
+    );
+}
