@@ -168,7 +168,12 @@ impl Decoder for Codec {
                                     left: header.bytes().saturating_add(2),
                                 };
                             } else {
-                                buf.reserve(header.bytes() as usize + 2);
+                                // Room for a job's body at once; an import
+                                // line, up to six times longer, grows the
+                                // buffer as it arrives, so a line announced
+                                // and never sent holds no more than a put.
+                                let room = header.bytes().min(self.limits.max_job_size as u64);
+                                buf.reserve(room as usize + 2);
                                 self.state = State::Body(header);
                             }
                         }
