@@ -185,8 +185,10 @@ const WORDS: &[&str] = &[
     "DRAINING",
     "EXISTS",
     "EXPECTED_CRLF",
+    "EXPORTED",
     "FINISHED",
     "FOUND",
+    "IMPORTED",
     "INSERTED",
     "INTERNAL_ERROR",
     "JOB_TOO_BIG",
@@ -231,8 +233,10 @@ fn check_replies(mut out: &[u8]) -> Result<usize, String> {
             return Err(format!("reply {line:?} is not a known reply"));
         }
         let len = match words[..] {
-            ["OK", len] | ["FOUND" | "RESERVED", _, len] => len,
-            ["OK" | "FOUND" | "RESERVED", ..] => return Err(format!("malformed {line:?}")),
+            ["OK", len] | ["FOUND" | "RESERVED" | "EXPORTED", _, len] => len,
+            ["OK" | "FOUND" | "RESERVED" | "EXPORTED", ..] => {
+                return Err(format!("malformed {line:?}"));
+            }
             _ => continue,
         };
         let len: usize = len
@@ -356,7 +360,8 @@ impl Gen {
                 long.extend_from_slice(b"\r\n");
                 long
             }
-            13..16 => self.json(),
+            13..15 => self.json(),
+            15 => self.import(),
             16 => self
                 .pick(&["\r", "\n", "\r\r\n", "\r\n\r\n", " \r\n"])
                 .into(),
@@ -409,6 +414,11 @@ impl Gen {
                 .pick(&["list-tubes", "list-tube-used", "list-tubes-watched"])
                 .into(),
             20 => format!("pause-tube {} {}", self.tube(), self.pick(&["0", "1"])),
+            24 => format!(
+                "export {} {}",
+                self.pick(&["0", "0", "1", "3.7", "x", "99999999999999999999"]),
+                self.pick(&["1", "2", "1000", "0", "-1"])
+            ),
             21 => self
                 .pick(&[
                     "",
@@ -457,6 +467,36 @@ impl Gen {
             self.pick(&["\r\n", "\r\n", "\r\n", "\n", "xx", ""])
                 .as_bytes(),
         );
+        out
+    }
+
+    /// An `import` of a job line as `export` writes them, sometimes bent:
+    /// a field out of range or missing, a body too big, a length that lies.
+    fn import(&mut self) -> Vec<u8> {
+        let body = match self.rng.u8(0..4) {
+            0 => "x".repeat(self.rng.usize(MAX_JOB - 2..MAX_JOB + 3)),
+            _ => "hello".into(),
+        };
+        let state = self.pick(&["ready", "delayed", "buried", "reserved", "gone"]);
+        let mut line = format!(
+            r#"{{"id":{},"tube":"{}","state":"{state}","pri":{},"created":"2026-01-01T00:00:00Z","due":"2026-01-01T00:00:01Z","ttr-ms":{},"body":"{body}"}}"#,
+            self.pick(&["1", "2", "0", "\"j-1\"", "\"j 1\""]),
+            self.tube(),
+            self.number_or(|g| g.rng.u32(0..3000).to_string()),
+            self.pick(&["0", "1000", "-5"]),
+        )
+        .into_bytes();
+        if self.rng.u8(0..4) == 0 {
+            self.mutate(&mut line);
+        }
+        let declared = match self.rng.u8(0..8) {
+            0 => self.number(),
+            1 => (line.len() + 1).to_string(),
+            _ => line.len().to_string(),
+        };
+        let mut out = format!("import {declared}\r\n").into_bytes();
+        out.extend_from_slice(&line);
+        out.extend_from_slice(self.pick(&["\r\n", "\r\n", "\n", ""]).as_bytes());
         out
     }
 
