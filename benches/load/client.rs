@@ -4,11 +4,10 @@
 //! as it can and the server is what gets measured.
 
 use std::io::{self, Write};
-use std::net::SocketAddr;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use crate::secure::{Endpoint, Stream};
 
 /// One reply: its first line without the CRLF, and the body that follows
 /// `RESERVED`, `FOUND` or `OK`.
@@ -67,22 +66,29 @@ impl Reply {
 
 /// A connection to a beanstalkd-protocol server.
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     input: BytesMut,
     output: Vec<u8>,
 }
 
 impl Conn {
-    /// Connects to `addr`, with small buffers: the `conns` workload opens
-    /// ten thousand of these.
-    pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Conn {
-            stream,
+    /// Connects to `at` (over TLS and authenticated, if the server wants
+    /// that), with small buffers: the `conns` workload opens ten thousand
+    /// of these.
+    pub async fn connect(at: &Endpoint) -> io::Result<Conn> {
+        let mut conn = Conn {
+            stream: at.connect(false).await?,
             input: BytesMut::with_capacity(256),
             output: Vec::with_capacity(256),
-        })
+        };
+        if let Some(token) = at.token() {
+            conn.queue(format_args!("auth {token}"));
+            conn.round_trip()
+                .await?
+                .expect("AUTHENTICATED")
+                .map_err(|e| io::Error::other(format!("auth: {e}")))?;
+        }
+        Ok(conn)
     }
 
     /// Queues a command line (without its CRLF).
@@ -100,7 +106,7 @@ impl Conn {
 
     /// Writes everything queued.
     pub async fn flush(&mut self) -> io::Result<()> {
-        self.stream.write_all(&self.output).await?;
+        self.stream.send(&self.output).await?;
         self.output.clear();
         Ok(())
     }

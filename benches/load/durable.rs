@@ -16,7 +16,7 @@ use crate::workloads::{Opts, backlog};
 /// memory then against the old one's just before the stop.
 pub async fn restart(target: &mut Target, programs: &Programs, o: &Opts) -> io::Result<Report> {
     let empty = target.dir.as_ref().map(|d| dir_size(d.path()));
-    let mut report = backlog(target.addr, o, &target.probe()).await?;
+    let mut report = backlog(&target.endpoint(), o, &target.probe()).await?;
     if let (Some(dir), Some(empty)) = (&target.dir, empty) {
         // beanstalkd writes within 50 ms, not at once.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -61,7 +61,7 @@ async fn wait_for_jobs(target: &Target, jobs: u64, start: Instant) -> io::Result
     let limit = Duration::from_secs(300);
     let poll = Duration::from_millis(2);
     let mut c = loop {
-        match Conn::connect(target.addr).await {
+        match Conn::connect(&target.endpoint()).await {
             Ok(c) => break c,
             Err(_) if start.elapsed() < limit => tokio::time::sleep(poll).await,
             Err(e) => return Err(io::Error::other(format!("the server never answered: {e}"))),
@@ -93,7 +93,7 @@ pub async fn disk(target: &Target, o: &Opts) -> io::Result<Report> {
         .dir
         .as_ref()
         .ok_or_else(|| io::Error::other("disk needs a server with a data directory"))?;
-    let mut c = Conn::connect(target.addr).await?;
+    let mut c = Conn::connect(&target.endpoint()).await?;
     let body = vec![b'x'; o.body];
     let empty = dir_size(dir.path());
     let mut ids = std::collections::VecDeque::new();

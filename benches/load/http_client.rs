@@ -9,11 +9,10 @@
 //! `content-length` (axum always gives one for a JSON body), and the body.
 
 use std::io::{self, Write};
-use std::net::SocketAddr;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use crate::secure::{Endpoint, Stream};
 
 /// One answer: its status and its body.
 pub struct Answer {
@@ -51,20 +50,25 @@ impl Answer {
 
 /// One keep-alive connection to delayq's HTTP listener.
 pub struct HttpConn {
-    stream: TcpStream,
+    stream: Stream,
     input: BytesMut,
     output: Vec<u8>,
+    /// An `authorization` header line with its CRLF, or nothing.
+    auth: String,
 }
 
 impl HttpConn {
-    /// Connects to `addr`.
-    pub async fn connect(addr: SocketAddr) -> io::Result<HttpConn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+    /// Connects to `at` (over TLS, if the server wants it); every request
+    /// carries the server's token, if it wants one.
+    pub async fn connect(at: &Endpoint) -> io::Result<HttpConn> {
         Ok(HttpConn {
-            stream,
+            stream: at.connect(true).await?,
             input: BytesMut::with_capacity(1024),
             output: Vec::with_capacity(512),
+            auth: at
+                .token()
+                .map(|t| format!("authorization: Bearer {t}\r\n"))
+                .unwrap_or_default(),
         })
     }
 
@@ -74,12 +78,13 @@ impl HttpConn {
         self.output.clear();
         let _ = write!(
             self.output,
-            "{method} {path} HTTP/1.1\r\nhost: delayq\r\ncontent-type: application/json\r\n\
+            "{method} {path} HTTP/1.1\r\nhost: delayq\r\n{}content-type: application/json\r\n\
              content-length: {}\r\n\r\n",
+            self.auth,
             body.len()
         );
         self.output.extend_from_slice(body);
-        self.stream.write_all(&self.output).await?;
+        self.stream.send(&self.output).await?;
         loop {
             if let Some(answer) = self.parse()? {
                 return Ok(answer);

@@ -14,6 +14,8 @@
 //! cargo bench --bench load -- compare --workloads cycle,http-cycle \
 //!     --targets delayq-memory,delayq-durable,delayq-redis
 //! cargo bench --bench load -- http-cycle --addr 127.0.0.1:11300 --http-addr 127.0.0.1:11380
+//! cargo bench --bench load -- compare --workloads cycle,http-cycle --baseline delayq-memory \
+//!     --targets 'delayq-memory,delayq-memory:--secure --scrape 1'   # everything on
 //! cargo bench --bench load -- ceiling            # what Redis itself allows
 //! ```
 //!
@@ -24,6 +26,18 @@
 //! `delayq-durable` (`-b DIR`, delayq's default: synced before every
 //! reply), `delayq-f50` (`-b DIR -f 50`) and `delayq-redis` (on a private
 //! redis-server). `KIND:ARGS` adds arguments to one's command line.
+//!
+//! Tokens and TLS: when a delayq's arguments have `--tokens FILE`, every
+//! connection the bench makes to it (text, HTTP, the scraper) authenticates
+//! with the file's first token that has the admin role and no prefix; with
+//! `--tls-cert C`, every one speaks TLS to 127.0.0.1 as `localhost`,
+//! trusting C only (so C must name `localhost`). Two arguments of a
+//! delayq's ARGS are the bench's own: `--secure` makes a self-signed
+//! certificate and a tokens file and adds `--tls-cert`, `--tls-key`,
+//! `--tokens` and an `--http` listener; `--scrape SECS` turns `--http` on
+//! and asks `GET /metrics` every SECS seconds while a workload runs (not
+//! during `restart` and `disk`). With `--addr`, `--tokens` and `--tls-cert`
+//! say the same of a server the bench did not start.
 //!
 //! Workloads (see `--help` for their knobs):
 //! * `cycle`: C connections each looping put, reserve, delete of a 100-byte job.
@@ -65,6 +79,7 @@ mod http_client;
 mod ports;
 mod procs;
 mod report;
+mod secure;
 mod workloads;
 
 use std::io;
@@ -75,6 +90,7 @@ use clap::{Parser, ValueEnum};
 
 use procs::{Probe, Programs, Spec, Target};
 use report::{Report, fmt, median};
+use secure::{Access, Endpoint};
 use workloads::Opts;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -130,6 +146,14 @@ struct Cli {
     /// cluster, every primary's URL, comma-separated).
     #[arg(long)]
     redis: Option<String>,
+    /// With --addr: the server's `--tokens` file; the bench authenticates
+    /// with its first admin token without a prefix.
+    #[arg(long)]
+    tokens: Option<String>,
+    /// With --addr: the server's `--tls-cert`; the bench connects over TLS
+    /// trusting it only (it must name `localhost`).
+    #[arg(long)]
+    tls_cert: Option<String>,
     /// Without --addr: the server to start for one workload (`KIND` or
     /// `KIND:ARGS`).
     #[arg(long, default_value = "delayq-durable")]
@@ -214,7 +238,24 @@ async fn main_async(cli: Cli) -> io::Result<()> {
                         pid: cli.pid,
                         redis: cli.redis.clone(),
                     };
-                    run(what, addr, cli.http_addr, &probe, &cli.opts).await?
+                    let mut args = Vec::new();
+                    for (flag, value) in [("--tokens", &cli.tokens), ("--tls-cert", &cli.tls_cert)]
+                    {
+                        args.extend(value.iter().flat_map(|v| [flag.to_string(), v.clone()]));
+                    }
+                    let access = Access::from_args(&args)?;
+                    let at = |addr| Endpoint {
+                        addr,
+                        access: access.clone(),
+                    };
+                    run(
+                        what,
+                        &at(addr),
+                        cli.http_addr.map(at).as_ref(),
+                        &probe,
+                        &cli.opts,
+                    )
+                    .await?
                 }
                 None => {
                     if !fits(what, &cli.target) {
@@ -223,7 +264,7 @@ async fn main_async(cli: Cli) -> io::Result<()> {
                             cli.target.label()
                         )));
                     }
-                    let mut target = Target::start(&cli.target, &programs, what.needs_http());
+                    let mut target = Target::start(&cli.target, &programs, what.needs_http())?;
                     run_on(what, &mut target, &programs, &cli.opts).await?
                 }
             };
@@ -249,8 +290,8 @@ fn program(name: &str, package: &str) -> io::Result<PathBuf> {
 
 async fn run(
     what: What,
-    addr: SocketAddr,
-    http: Option<SocketAddr>,
+    addr: &Endpoint,
+    http: Option<&Endpoint>,
     probe: &Probe,
     o: &Opts,
 ) -> io::Result<Report> {
@@ -289,7 +330,26 @@ async fn run_on(
     match what {
         What::Restart => durable::restart(target, programs, o).await,
         What::Disk => durable::disk(target, o).await,
-        _ => run(what, target.addr, target.http, &target.probe(), o).await,
+        _ => {
+            // Only here: `restart` moves the server to new ports, where a
+            // scraper would not follow, and `disk` measures bytes, not time.
+            let scraper = target
+                .spec
+                .scrape()
+                .zip(target.http_endpoint())
+                .map(|(every, at)| tokio::spawn(workloads::scrape(at, every)));
+            let http = target.http_endpoint();
+            let report = run(what, &target.endpoint(), http.as_ref(), &target.probe(), o).await;
+            if let Some(scraper) = scraper {
+                if scraper.is_finished() {
+                    // It only ever ends by failing.
+                    scraper.await.map_err(io::Error::other)??;
+                } else {
+                    scraper.abort();
+                }
+            }
+            report
+        }
     }
 }
 
@@ -331,7 +391,7 @@ async fn compare(cli: &Cli, programs: &Programs) -> io::Result<()> {
                     }
                     continue;
                 }
-                let mut target = Target::start(spec, programs, what.needs_http());
+                let mut target = Target::start(spec, programs, what.needs_http())?;
                 let report = run_on(what, &mut target, programs, &cli.opts).await?;
                 drop(target);
                 let summary: Vec<String> = report

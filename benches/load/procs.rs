@@ -5,11 +5,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 
 use crate::ports::free_port;
+use crate::secure::{Access, Endpoint, Secrets, arg_value};
 
 /// What a server is, as far as the comparison goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -76,6 +78,12 @@ impl Kind {
 /// A server to start: a [`Kind`], and arguments added to its command line.
 /// Written `KIND` or `KIND:ARGS`, the arguments split at spaces (as in
 /// `delayq-durable:-s 1048576`).
+///
+/// Two arguments are the bench's own, for a delayq, and are not passed on:
+/// `--secure` (a fresh self-signed certificate and tokens file, with
+/// `--tls-cert`, `--tls-key` and `--tokens` for them, and the HTTP listener
+/// on) and `--scrape SECS` (the HTTP listener on, and `GET /metrics` asked
+/// every SECS seconds while a workload runs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
     pub kind: Kind,
@@ -83,6 +91,34 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// Whether the bench makes a certificate and a tokens file for it.
+    pub fn secure(&self) -> bool {
+        self.args.iter().any(|a| a == "--secure")
+    }
+
+    /// How often the bench scrapes its `/metrics`, if it does.
+    pub fn scrape(&self) -> Option<Duration> {
+        let secs: f64 = arg_value(&self.args, "--scrape")?.parse().ok()?;
+        Some(Duration::from_secs_f64(secs))
+    }
+
+    /// Its arguments without the bench's own.
+    fn server_args(&self) -> Vec<String> {
+        let mut args = Vec::with_capacity(self.args.len());
+        let mut words = self.args.iter();
+        while let Some(a) = words.next() {
+            match a.as_str() {
+                "--secure" => {}
+                "--scrape" => {
+                    words.next();
+                }
+                _ if a.starts_with("--scrape=") => {}
+                _ => args.push(a.clone()),
+            }
+        }
+        args
+    }
+
     /// How tables name it: the kind, and its added arguments.
     pub fn label(&self) -> String {
         if self.args.is_empty() {
@@ -103,10 +139,18 @@ impl std::str::FromStr for Spec {
             let names: Vec<&str> = Kind::value_variants().iter().map(|k| k.name()).collect();
             format!("unknown server {name:?}; one of {}", names.join(", "))
         })?;
-        Ok(Spec {
+        let spec = Spec {
             kind,
             args: args.split_whitespace().map(String::from).collect(),
-        })
+        };
+        let scrape = arg_value(&spec.args, "--scrape");
+        if let Some(s) = scrape.filter(|s| !s.parse::<f64>().is_ok_and(|s| s > 0.0)) {
+            return Err(format!("--scrape takes seconds (more than 0), not {s:?}"));
+        }
+        if kind.is_beanstalkd() && (spec.secure() || scrape.is_some()) {
+            return Err(format!("--secure and --scrape are for delayq, not {name}"));
+        }
+        Ok(spec)
     }
 }
 
@@ -259,33 +303,72 @@ pub struct Target {
     /// keep one.
     pub dir: Option<tempfile::TempDir>,
     pub spec: Spec,
+    /// The server's command-line arguments from the spec: without the
+    /// bench's own, with what `--secure` made.
+    args: Vec<String>,
+    /// What its connections need (a token, TLS), if anything.
+    pub access: Option<Arc<Access>>,
+    /// The files `--secure` made, kept until the server is gone.
+    _secrets: Option<Secrets>,
 }
 
 impl Target {
     /// Starts the server `spec` says, on fresh data, and waits until it
     /// accepts connections. With `http`, a delayq also gets
     /// `--http 127.0.0.1:PORT` on a free port (unless its arguments have a
-    /// `--http` already); only then, so that the text workloads measure the
-    /// server as it runs by default.
-    pub fn start(spec: &Spec, programs: &Programs, http: bool) -> Target {
+    /// `--http` already); only then, or with `--secure` or `--scrape`, so
+    /// that the text workloads measure the server as it runs by default.
+    pub fn start(spec: &Spec, programs: &Programs, http: bool) -> io::Result<Target> {
+        let secrets = spec.secure().then(Secrets::make).transpose()?;
+        let mut args = spec.server_args();
+        args.extend(secrets.iter().flat_map(Secrets::args));
+        let access = Access::from_args(&args)
+            .map_err(|e| io::Error::other(format!("{}: {e}", spec.label())))?;
+        let http = http || spec.secure() || spec.scrape().is_some();
         let dir = spec
             .kind
             .keeps_a_dir()
             .then(|| tempfile::tempdir().expect("a data directory"));
         let redis = (spec.kind == Kind::Redis).then(|| RedisServer::start(&programs.redis_server));
-        let (addr, http, server) = spawn(spec, programs, dir.as_ref(), redis.as_ref(), http);
+        let (addr, http, server) = spawn(
+            spec.kind,
+            &args,
+            programs,
+            dir.as_ref(),
+            redis.as_ref(),
+            http,
+        );
         wait_listening(addr);
         if let Some(http) = http {
             wait_listening(http);
         }
-        Target {
+        Ok(Target {
             addr,
             http,
             server,
             redis,
             dir,
             spec: spec.clone(),
+            args,
+            access,
+            _secrets: secrets,
+        })
+    }
+
+    /// Its text port, for the workloads' connections.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            addr: self.addr,
+            access: self.access.clone(),
         }
+    }
+
+    /// Its HTTP listener, if it has one on.
+    pub fn http_endpoint(&self) -> Option<Endpoint> {
+        self.http.map(|addr| Endpoint {
+            addr,
+            access: self.access.clone(),
+        })
     }
 
     /// Stops the server with `signal` and returns how long it took to go.
@@ -297,7 +380,8 @@ impl Target {
     /// new port, without waiting for it: the caller times its start.
     pub fn respawn(&mut self, programs: &Programs) {
         let (addr, http, server) = spawn(
-            &self.spec,
+            self.spec.kind,
+            &self.args,
             programs,
             self.dir.as_ref(),
             self.redis.as_ref(),
@@ -309,10 +393,12 @@ impl Target {
     }
 }
 
-/// Starts the server of `spec` on a free loopback port; with `http` (and a
-/// delayq), its HTTP listener on another. Returns both addresses.
+/// Starts a server of `kind` with `args` on a free loopback port; with
+/// `http` (and a delayq), its HTTP listener on another. Returns both
+/// addresses.
 fn spawn(
-    spec: &Spec,
+    kind: Kind,
+    args: &[String],
     programs: &Programs,
     dir: Option<&tempfile::TempDir>,
     redis: Option<&RedisServer>,
@@ -322,12 +408,8 @@ fn spawn(
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let port = port.to_string();
     // A `--http` the spec gives is used as it is: twice would be refused.
-    let given = spec
-        .args
-        .iter()
-        .position(|a| a == "--http")
-        .and_then(|i| spec.args.get(i + 1)?.parse::<SocketAddr>().ok());
-    let http = match (spec.kind.is_beanstalkd(), given) {
+    let given = arg_value(args, "--http").and_then(|a| a.parse::<SocketAddr>().ok());
+    let http = match (kind.is_beanstalkd(), given) {
         (true, _) => None,
         (false, Some(given)) => Some(given),
         (false, None) => http.then(|| SocketAddr::from(([127, 0, 0, 1], free_port()))),
@@ -345,7 +427,7 @@ fn spawn(
                 .args(listen)
                 .args(extra)
                 .args(&http_arg)
-                .args(&spec.args)
+                .args(args)
                 .env("RUST_LOG", "warn"),
         )
     };
@@ -354,10 +436,10 @@ fn spawn(
             Command::new(&programs.beanstalkd)
                 .args(listen)
                 .args(extra)
-                .args(&spec.args),
+                .args(args),
         )
     };
-    let server = match spec.kind {
+    let server = match kind {
         Kind::Beanstalkd => beanstalkd(&[]),
         Kind::BeanstalkdB => beanstalkd(&["-b", dir]),
         Kind::BeanstalkdBF0 => beanstalkd(&["-b", dir, "-f", "0"]),

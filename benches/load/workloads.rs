@@ -3,7 +3,6 @@
 //! Redis) serves, it also reads their memory and CPU.
 
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Conn;
 use crate::http_client::HttpConn;
+use crate::secure::Endpoint;
 use redis::aio::MultiplexedConnection;
 
 use crate::procs::{Info, Probe, Stop, cpu, redis_conn, rss, switches};
@@ -135,15 +135,15 @@ async fn join<T: 'static>(mut tasks: JoinSet<io::Result<T>>) -> io::Result<Vec<T
 }
 
 /// `cycle`: connections each looping put, reserve, delete of one job.
-pub async fn cycle(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
+pub async fn cycle(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report> {
     if o.prefill > 0 {
         let fill = Opts {
             backlog: o.prefill,
             ..o.clone()
         };
-        backlog(addr, &fill, &Probe::default()).await?;
+        backlog(at, &fill, &Probe::default()).await?;
     }
-    let mut watch = Conn::connect(addr).await?;
+    let mut watch = Conn::connect(at).await?;
     let log_before = log_figures(&mut watch).await?;
     let from = Instant::now() + secs(o.warmup);
     let until = from + secs(o.secs);
@@ -152,8 +152,9 @@ pub async fn cycle(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
     let mut tasks = JoinSet::new();
     for _ in 0..o.conns {
         let body = body.clone();
+        let at = at.clone();
         tasks.spawn(async move {
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             let mut h = [histogram(), histogram(), histogram(), histogram()];
             let mut cycles = 0u64;
             loop {
@@ -231,7 +232,7 @@ pub async fn cycle(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
 /// tables read side by side. A reserve may take another connection's job,
 /// as in `cycle`; every connection puts before it reserves, so one always
 /// comes.
-pub async fn http_cycle(http: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
+pub async fn http_cycle(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report> {
     let from = Instant::now() + secs(o.warmup);
     let until = from + secs(o.secs);
     let costs = tokio::spawn(costs(probe.clone(), from, until));
@@ -244,8 +245,9 @@ pub async fn http_cycle(http: SocketAddr, o: &Opts, probe: &Probe) -> io::Result
     let mut tasks = JoinSet::new();
     for _ in 0..o.conns {
         let put = put.clone();
+        let at = at.clone();
         tasks.spawn(async move {
-            let mut c = HttpConn::connect(http).await?;
+            let mut c = HttpConn::connect(&at).await?;
             let mut h = [histogram(), histogram(), histogram(), histogram()];
             let mut cycles = 0u64;
             let mut path = String::new();
@@ -337,7 +339,7 @@ async fn log_figures(c: &mut Conn) -> io::Result<Option<[u64; 3]>> {
 /// written together, `reserve-batch N`, `finish-batch` of what came; the
 /// jobs moved per second, comparable with `cycle`'s cycles per second (a
 /// cycle moves one job the same way).
-pub async fn batch(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
+pub async fn batch(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report> {
     let from = Instant::now() + secs(o.warmup);
     let until = from + secs(o.secs);
     let costs = tokio::spawn(costs(probe.clone(), from, until));
@@ -346,8 +348,9 @@ pub async fn batch(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
     let mut tasks = JoinSet::new();
     for _ in 0..o.conns {
         let body = body.clone();
+        let at = at.clone();
         tasks.spawn(async move {
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             let mut h = histogram();
             let mut jobs = 0u64;
             let mut ids = String::new();
@@ -395,7 +398,7 @@ pub async fn batch(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
     Ok(report)
 }
 
-pub async fn pipeline(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
+pub async fn pipeline(at: &Endpoint, o: &Opts) -> io::Result<Report> {
     let epoch = Instant::now();
     let from = epoch + secs(o.warmup);
     let until = from + secs(o.secs);
@@ -405,8 +408,9 @@ pub async fn pipeline(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
     let mut producers = JoinSet::new();
     for _ in 0..o.producers {
         let (room, stop, len) = (room.clone(), stop.clone(), o.body);
+        let at = at.clone();
         producers.spawn(async move {
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             let mut puts = 0u64;
             loop {
                 tokio::select! {
@@ -431,8 +435,9 @@ pub async fn pipeline(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
     let mut consumers = JoinSet::new();
     for _ in 0..o.consumers {
         let (room, stop) = (room.clone(), stop.clone());
+        let at = at.clone();
         consumers.spawn(async move {
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             let (mut finishes, mut h) = (0u64, histogram());
             c.queue(format_args!("reserve"));
             c.flush().await?;
@@ -477,7 +482,7 @@ pub async fn pipeline(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
 
 /// `lateness`: jobs with random delays, put over a few seconds, reserved by
 /// consumers already blocked; how late each arrives after its due time.
-pub async fn lateness(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
+pub async fn lateness(at: &Endpoint, o: &Opts) -> io::Result<Report> {
     let jobs = o.late_jobs;
     let spread = Duration::from_secs(o.spread.max(1));
     let stop = CancellationToken::new();
@@ -491,8 +496,9 @@ pub async fn lateness(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
     for _ in 0..o.consumers {
         let (stop, seen, received, all_in) =
             (stop.clone(), seen.clone(), received.clone(), all_in.clone());
+        let at = at.clone();
         consumers.spawn(async move {
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             let (mut h, mut early) = (histogram(), 0u64);
             c.queue(format_args!("reserve"));
             c.flush().await?;
@@ -530,8 +536,9 @@ pub async fn lateness(addr: SocketAddr, o: &Opts) -> io::Result<Report> {
     let mut producers = JoinSet::new();
     let (producer_count, len) = (o.producers.max(1), o.body);
     for p in 0..producer_count {
+        let at = at.clone();
         producers.spawn(async move {
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             let mut last_due = epoch;
             for n in (p..jobs).step_by(producer_count) {
                 sleep_until(epoch + spread.mul_f64(n as f64 / jobs as f64)).await;
@@ -590,7 +597,7 @@ async fn used_memory(probe: &Probe) -> io::Result<Option<f64>> {
 
 /// `backlog`: delayed jobs (due in one to two hours) written with pipelined
 /// puts; the put rate, and the memory they take.
-pub async fn backlog(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
+pub async fn backlog(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report> {
     let rss_before = probe.pid.map(rss);
     let used_before = used_memory(probe).await?;
     let conns = o.backlog_conns.max(1);
@@ -599,8 +606,9 @@ pub async fn backlog(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Re
     for k in 0..conns {
         let (chunk, len) = (o.chunk.max(1), o.body);
         let share = o.backlog / conns + usize::from(k < o.backlog % conns);
+        let at = at.clone();
         tasks.spawn(async move {
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             c.queue(format_args!("use backlog"));
             c.round_trip().await?.expect("USING backlog")?;
             let mut left = share;
@@ -682,7 +690,7 @@ pub async fn idle(o: &Opts, probe: &Probe) -> io::Result<Report> {
 /// `conns`: many connections blocked in `reserve-with-timeout`, then a
 /// burst of ready jobs; how long until every job reached a worker, and what
 /// each blocked connection costs the server.
-pub async fn conns(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Report> {
+pub async fn conns(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report> {
     let rss_before = probe.pid.map(rss);
     let stop = CancellationToken::new();
     let arrivals = Arc::new(Mutex::new(Vec::with_capacity(o.conn_jobs)));
@@ -697,9 +705,10 @@ pub async fn conns(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
             connecting.clone(),
         );
         let jobs = o.conn_jobs;
+        let at = at.clone();
         waiters.spawn(async move {
             let permit = connecting.acquire_owned().await.map_err(io::Error::other)?;
-            let mut c = Conn::connect(addr).await?;
+            let mut c = Conn::connect(&at).await?;
             c.queue(format_args!("reserve-with-timeout 120"));
             c.flush().await?;
             drop(permit);
@@ -720,7 +729,7 @@ pub async fn conns(addr: SocketAddr, o: &Opts, probe: &Probe) -> io::Result<Repo
             Ok(())
         });
     }
-    let mut control = Conn::connect(addr).await?;
+    let mut control = Conn::connect(at).await?;
     let blocked_by = Instant::now() + Duration::from_secs(120);
     loop {
         control.queue(format_args!("stats"));
@@ -850,6 +859,27 @@ impl Costs {
                 .map(|(_, c)| (c - mean).abs() / mean * 100.0)
                 .fold(0.0, f64::max);
             report.add("FCALL spread over nodes", "% off even", furthest);
+        }
+    }
+}
+
+/// Asks `GET /metrics` of the HTTP listener at `at` at once and then every
+/// `every`, on one keep-alive connection, as Prometheus would, until the
+/// task is aborted; fails at the first answer that is not 200 (a token
+/// refused, say), so that a run is not measured without its scrapes.
+pub async fn scrape(at: Endpoint, every: Duration) -> io::Result<()> {
+    let mut c = HttpConn::connect(&at).await?;
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let answer = c.call("GET", "/metrics", b"").await?;
+        if answer.status != 200 {
+            return Err(io::Error::other(format!(
+                "GET /metrics: {} {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            )));
         }
     }
 }
