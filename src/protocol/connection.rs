@@ -217,7 +217,11 @@ enum Ahead {
 }
 
 fn is_put(request: &Request) -> bool {
-    matches!(request.command, Ok(Command::Put { .. }))
+    // An import inserts a job as a put does, and is gathered the same way.
+    matches!(
+        request.command,
+        Ok(Command::Put { .. } | Command::Import(_))
+    )
 }
 
 /// `first` and the puts that follow it already in the read buffer (a

@@ -17,7 +17,7 @@ use super::session::{Outcome, Session, secs};
 use super::stats::{render_job, render_tube, render_tubes};
 use crate::auth::Access;
 use crate::error::StoreResult;
-use crate::job::PutOutcome;
+use crate::job::{NewJob, PutOutcome, WholeJob};
 use crate::names::Tube;
 use crate::rules;
 use crate::schedule::{Schedule, now_ms};
@@ -40,9 +40,10 @@ impl<S: Store> Session<S> {
         }
     }
 
-    /// Carries out `put` commands that arrived together (pipelined): their
-    /// jobs go to the broker at once, in order, so on a shared engine they
-    /// share calls, and the replies come back in the same order.
+    /// Carries out `put` (and `import`) commands that arrived together
+    /// (pipelined): their jobs go to the broker at once, in order, so on a
+    /// shared engine they share calls, and the replies come back in the
+    /// same order.
     pub async fn handle_puts(&mut self, puts: Vec<Command>) -> Vec<Reply> {
         let jobs: Vec<_> = puts
             .into_iter()
@@ -50,21 +51,34 @@ impl<S: Store> Session<S> {
                 Some(refusal) => Err(refusal),
                 None => {
                     self.count(&put);
-                    self.new_job(put)
+                    match put {
+                        Command::Import(job) => self.whole_job(*job).map(Incoming::Whole),
+                        put => self.new_job(put).map(Incoming::New),
+                    }
                 }
             })
             .collect();
         let (shared, conn) = (self.shared.clone(), self.id);
         join_all(jobs.into_iter().map(|job| async {
-            match job {
-                Ok(job) => match shared.broker.put(job).await {
-                    Ok(outcome) => put_reply(outcome),
-                    Err(e) => failed(conn, e),
-                },
-                Err(reply) => reply,
-            }
+            let done = match job {
+                Ok(Incoming::New(job)) => shared.broker.put(job).await.map(put_reply),
+                Ok(Incoming::Whole(job)) => shared.broker.import(job).await.map(import_reply),
+                Err(reply) => return reply,
+            };
+            done.unwrap_or_else(|e| failed(conn, e))
         }))
         .await
+    }
+
+    /// An imported job, if this server takes it.
+    fn whole_job(&self, job: WholeJob) -> Result<WholeJob, Reply> {
+        if job.body.len() > self.shared.config.max_job_size {
+            return Err(Reply::Client(ClientError::JobTooBig));
+        }
+        if self.shared.stats.is_draining() {
+            return Err(Reply::Draining);
+        }
+        Ok(job)
     }
 
     async fn run(&mut self, cmd: Command) -> StoreResult<Outcome> {
@@ -225,18 +239,10 @@ impl<S: Store> Session<S> {
                     data: data.into(),
                 }
             }
-            Command::Import(job) => {
-                if job.body.len() > self.shared.config.max_job_size {
-                    Reply::Client(ClientError::JobTooBig)
-                } else if self.shared.stats.is_draining() {
-                    Reply::Draining
-                } else {
-                    match broker.import(*job).await? {
-                        PutOutcome::Inserted(id) => Reply::Imported(id),
-                        PutOutcome::Exists(id) => Reply::Exists(id),
-                    }
-                }
-            }
+            Command::Import(job) => match self.whole_job(*job) {
+                Ok(job) => import_reply(broker.import(job).await?),
+                Err(reply) => reply,
+            },
         };
         Ok(Outcome::Reply(reply))
     }
@@ -284,6 +290,20 @@ impl<S: Store> Session<S> {
             });
         };
         Ok(Outcome::Reply(reply))
+    }
+}
+
+/// A job a `put` or an `import` brings.
+enum Incoming {
+    New(NewJob),
+    Whole(WholeJob),
+}
+
+/// The reply to an import.
+fn import_reply(outcome: PutOutcome) -> Reply {
+    match outcome {
+        PutOutcome::Inserted(id) => Reply::Imported(id),
+        PutOutcome::Exists(id) => Reply::Exists(id),
     }
 }
 

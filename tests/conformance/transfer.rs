@@ -25,6 +25,7 @@ backend_tests!(
     a_repeated_import_changes_nothing,
     bad_import_lines_are_refused_and_the_connection_goes_on,
     an_imported_delayed_job_keeps_its_due_time,
+    pipelined_imports_are_answered_in_order,
 );
 
 /// A tube no other test of the run uses.
@@ -335,4 +336,45 @@ async fn an_imported_delayed_job_keeps_its_due_time(b: Backend) {
         took >= Duration::from_millis(1500) && took <= Duration::from_millis(3000),
         "due when it was due at the exporter, 2 s after the import: {took:?}"
     );
+}
+
+async fn pipelined_imports_are_answered_in_order(b: Backend) {
+    let server = TestServer::start(b).await;
+    let mut c = server.client().await;
+    let tube = fresh_tube("pipe");
+    let line = |id: &str| {
+        format!(
+            r#"{{"id":"{tube}:{id}","tube":"{tube}","state":"ready","pri":1,"created":"2026-01-01T00:00:00Z","ttr-ms":1000,"body":"{id}"}}"#
+        )
+    };
+    // Imports gathered as puts are, with a repeat, a bad line and a put
+    // among them: all in one write.
+    let mut lines: Vec<String> = (0..50).map(|i| line(&i.to_string())).collect();
+    lines.insert(10, line("3"));
+    lines.insert(20, "not json".into());
+    let mut msg = Vec::new();
+    for l in &lines {
+        msg.extend_from_slice(format!("import {}\r\n{l}\r\n", l.len()).as_bytes());
+    }
+    msg.extend_from_slice(format!("use {tube}\r\nput 0 0 10 1\r\nx\r\n").as_bytes());
+    c.send(&msg).await;
+    let mut n = 0;
+    for (i, l) in lines.iter().enumerate() {
+        let reply = c.line().await;
+        if l == "not json" {
+            assert_eq!(reply, "BAD_FORMAT");
+            continue;
+        }
+        let id = line_id(l);
+        if i == 10 {
+            assert_eq!(reply, format!("EXISTS {id}"));
+        } else {
+            assert_eq!(reply, format!("IMPORTED {id}"), "reply {n}");
+            n += 1;
+        }
+    }
+    assert_eq!(c.line().await, format!("USING {tube}"));
+    assert!(c.line().await.starts_with("INSERTED "));
+    assert_eq!(n, 50);
+    assert_eq!(c.stats_tube(&tube).await.num("current-jobs-ready"), 51);
 }
