@@ -11,6 +11,9 @@
 //! The crypto is rustls with *ring*, chosen here explicitly rather than
 //! taken from the process default, so a server run inside a test process
 //! gets the same crypto as the binary.
+//!
+//! [`client_config`] is the other side, for delayq's own clients (the
+//! admin CLI, the load generator): it trusts one PEM file's certificates.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -18,9 +21,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::ServerConfig;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::{ClientConfig, DigitallySignedStruct, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -212,5 +218,107 @@ fn why(e: pem::Error) -> String {
     match e {
         pem::Error::Io(e) => e.to_string(),
         e => e.to_string(),
+    }
+}
+
+/// A TLS client configuration that trusts the certificates in the PEM file
+/// `ca` only: as issuers where the usual checks allow it, else as the
+/// server's very certificate, byte for byte (a self-signed certificate
+/// marked as a CA, as `openssl req -x509` makes, is refused as a server's
+/// own by the usual checks). The error names the file.
+pub fn client_config(ca: &Path) -> Result<ClientConfig, String> {
+    let why = |e: &dyn fmt::Display| format!("{}: {e}", ca.display());
+    let pinned = CertificateDer::pem_file_iter(ca)
+        .map_err(|e| why(&e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| why(&e))?;
+    if pinned.is_empty() {
+        return Err(why(&"no certificate in it"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    // One that cannot be a trust anchor is still trusted byte for byte.
+    let (_added, _ignored) = roots.add_parsable_certificates(pinned.iter().cloned());
+    let issuers = match roots.is_empty() {
+        true => None,
+        false => Some(
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| why(&e))?,
+        ),
+    };
+    let verifier = Trusted {
+        issuers,
+        pinned,
+        algorithms: provider.signature_verification_algorithms,
+    };
+    Ok(ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| why(&e))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth())
+}
+
+/// Accepts a server whose certificate is one of `pinned`, byte for byte,
+/// or that `issuers` accepts; the handshake's signatures are checked either
+/// way.
+#[derive(Debug)]
+struct Trusted {
+    issuers: Option<Arc<WebPkiServerVerifier>>,
+    pinned: Vec<CertificateDer<'static>>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for Trusted {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if self
+            .pinned
+            .iter()
+            .any(|c| c.as_ref() == end_entity.as_ref())
+        {
+            return Ok(ServerCertVerified::assertion());
+        }
+        match &self.issuers {
+            Some(issuers) => issuers.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                now,
+            ),
+            None => Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
     }
 }

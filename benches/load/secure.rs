@@ -13,12 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -161,94 +156,9 @@ fn admin_token(path: &Path) -> io::Result<String> {
 }
 
 /// A TLS client configuration that trusts the certificate in the PEM file
-/// `cert` only: as an issuer where the usual checks allow it, else as the
-/// server's very certificate, byte for byte (a self-signed certificate
-/// marked as a CA, as `openssl req -x509` makes, is refused as an end
-/// entity by the usual checks).
+/// `cert` only, as delayq's own admin CLI does.
 fn client_config(cert: &Path) -> io::Result<rustls::ClientConfig> {
-    let why =
-        |e: &dyn std::fmt::Display| io::Error::other(format!("--tls-cert {}: {e}", cert.display()));
-    let pinned = CertificateDer::from_pem_file(cert).map_err(|e| why(&e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    let issuers = match roots.add(pinned.clone()) {
-        Ok(()) => Some(
-            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .map_err(|e| why(&e))?,
-        ),
-        // Not usable as a trust anchor: the byte-equal check alone remains.
-        Err(_) => None,
-    };
-    let verifier = Trusted {
-        issuers,
-        pinned,
-        algorithms: provider.signature_verification_algorithms,
-    };
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| why(&e))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth())
-}
-
-/// Accepts a server whose certificate is `pinned`, byte for byte, or that
-/// `issuers` accepts; the handshake's signatures are checked either way.
-#[derive(Debug)]
-struct Trusted {
-    issuers: Option<Arc<WebPkiServerVerifier>>,
-    pinned: CertificateDer<'static>,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Trusted {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if self.pinned.as_ref() == end_entity.as_ref() {
-            return Ok(ServerCertVerified::assertion());
-        }
-        match &self.issuers {
-            Some(issuers) => issuers.verify_server_cert(
-                end_entity,
-                intermediates,
-                server_name,
-                ocsp_response,
-                now,
-            ),
-            None => Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::UnknownIssuer,
-            )),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
+    delayq::tls::client_config(cert).map_err(|e| io::Error::other(format!("--tls-cert {e}")))
 }
 
 /// What `--secure` makes for one target: a self-signed certificate for

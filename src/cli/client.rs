@@ -11,11 +11,7 @@ use std::time::Duration;
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -244,85 +240,11 @@ impl Client {
     }
 }
 
-/// A TLS client that trusts the certificates in the PEM file `ca` only:
-/// as issuers, or as the server's very certificate (a self-signed one, as
-/// `openssl req -x509` makes, is marked as a CA, which the usual checks do
-/// not accept from a server).
+/// A TLS client that trusts the certificates in the PEM file `ca` only
+/// (see [`crate::tls::client_config`]).
 fn tls_connector(ca: &Path) -> Result<tokio_rustls::TlsConnector, String> {
-    let why = |e: &dyn std::fmt::Display| format!("--tls-ca {}: {e}", ca.display());
-    let mut roots = rustls::RootCertStore::empty();
-    let mut pinned = Vec::new();
-    for cert in CertificateDer::pem_file_iter(ca).map_err(|e| why(&e))? {
-        let cert = cert.map_err(|e| why(&e))?;
-        roots.add(cert.clone()).map_err(|e| why(&e))?;
-        pinned.push(cert);
-    }
-    if pinned.is_empty() {
-        return Err(why(&"no certificate in it"));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let issuers = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()
-        .map_err(|e| why(&e))?;
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| why(&e))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(Trusted { issuers, pinned }))
-        .with_no_client_auth();
+    let config = crate::tls::client_config(ca).map_err(|e| format!("--tls-ca {e}"))?;
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-}
-
-/// Accepts a server whose certificate is one of `pinned`, byte for byte,
-/// or that `issuers` accepts; the handshake's signatures are checked as
-/// usual either way.
-#[derive(Debug)]
-struct Trusted {
-    issuers: Arc<WebPkiServerVerifier>,
-    pinned: Vec<CertificateDer<'static>>,
-}
-
-impl ServerCertVerifier for Trusted {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if self
-            .pinned
-            .iter()
-            .any(|c| c.as_ref() == end_entity.as_ref())
-        {
-            return Ok(ServerCertVerified::assertion());
-        }
-        self.issuers
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.issuers.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.issuers.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.issuers.supported_verify_schemes()
-    }
 }
 
 /// A reply the protocol does not allow to `line`.
