@@ -163,8 +163,10 @@ pub async fn run_with_http<S: Store>(
 /// "connection reset"). So the refusal is followed by an orderly end of
 /// output, and what the client sends is read and dropped for a moment
 /// before the close. Only a few refusals linger at once, so a flood of them
-/// cannot use up the file descriptors the limit is there to keep.
-fn refuse(
+/// cannot use up the file descriptors the limit is there to keep. An empty
+/// `refusal` is an orderly close without a word (what a TLS client gets:
+/// no plaintext can reach it before a handshake).
+pub(crate) fn refuse(
     socket: TcpStream,
     refusal: &'static [u8],
     lingering: &Arc<Semaphore>,

@@ -210,17 +210,7 @@ async fn drive<IO>(
 /// garbled TLS record. Its handshake fails with the connection closed.
 fn refuse(socket: TcpStream, tls: bool, lingering: &Arc<Semaphore>, tracker: &TaskTracker) {
     if tls {
-        let Ok(permit) = lingering.clone().try_acquire_owned() else {
-            return;
-        };
-        tracker.spawn(async move {
-            let mut socket = socket;
-            let _ = socket.shutdown().await;
-            let mut sink = [0u8; 1024];
-            let drain = async { while let Ok(1..) = socket.read(&mut sink).await {} };
-            let _ = tokio::time::timeout(LINGER, drain).await;
-            drop(permit);
-        });
+        crate::server::refuse(socket, b"", lingering, tracker);
         return;
     }
     let Ok(permit) = lingering.clone().try_acquire_owned() else {
