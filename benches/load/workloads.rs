@@ -155,7 +155,7 @@ pub async fn cycle(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report>
         let at = at.clone();
         tasks.spawn(async move {
             let mut c = Conn::connect(&at).await?;
-            let mut h = [histogram(), histogram(), histogram(), histogram()];
+            let mut h = cycle_histograms();
             let mut cycles = 0u64;
             loop {
                 let t0 = Instant::now();
@@ -174,23 +174,13 @@ pub async fn cycle(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report>
                 let t3 = Instant::now();
                 if t0 >= from {
                     cycles += 1;
-                    h[0].saturating_record(micros(t1 - t0));
-                    h[1].saturating_record(micros(t2 - t1));
-                    h[2].saturating_record(micros(t3 - t2));
-                    h[3].saturating_record(micros(t3 - t0));
+                    record_cycle(&mut h, [t0, t1, t2, t3]);
                 }
             }
             Ok((cycles, h))
         });
     }
-    let mut cycles = 0;
-    let mut h = [histogram(), histogram(), histogram(), histogram()];
-    for (n, hs) in join(tasks).await? {
-        cycles += n;
-        for (sum, one) in h.iter_mut().zip(&hs) {
-            sum.add(one).expect("same bounds");
-        }
-    }
+    let (cycles, h) = merge_cycles(join(tasks).await?);
     let log_after = log_figures(&mut watch).await?;
     let mut report = Report::default();
     report.add("cycles/s", "/s", cycles as f64 / o.secs);
@@ -248,7 +238,7 @@ pub async fn http_cycle(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Re
         let at = at.clone();
         tasks.spawn(async move {
             let mut c = HttpConn::connect(&at).await?;
-            let mut h = [histogram(), histogram(), histogram(), histogram()];
+            let mut h = cycle_histograms();
             let mut cycles = 0u64;
             let mut path = String::new();
             loop {
@@ -280,23 +270,13 @@ pub async fn http_cycle(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Re
                 let t3 = Instant::now();
                 if t0 >= from {
                     cycles += 1;
-                    h[0].saturating_record(micros(t1 - t0));
-                    h[1].saturating_record(micros(t2 - t1));
-                    h[2].saturating_record(micros(t3 - t2));
-                    h[3].saturating_record(micros(t3 - t0));
+                    record_cycle(&mut h, [t0, t1, t2, t3]);
                 }
             }
             Ok((cycles, h))
         });
     }
-    let mut cycles = 0;
-    let mut h = [histogram(), histogram(), histogram(), histogram()];
-    for (n, hs) in join(tasks).await? {
-        cycles += n;
-        for (sum, one) in h.iter_mut().zip(&hs) {
-            sum.add(one).expect("same bounds");
-        }
-    }
+    let (cycles, h) = merge_cycles(join(tasks).await?);
     let mut report = Report::default();
     report.add("cycles/s", "/s", cycles as f64 / o.secs);
     let costs = costs.await.map_err(io::Error::other)??;
@@ -882,4 +862,32 @@ pub async fn scrape(at: Endpoint, every: Duration) -> io::Result<()> {
             )));
         }
     }
+}
+
+/// The histograms of one connection's cycles: its three steps, then the
+/// whole cycle.
+fn cycle_histograms() -> [Histogram<u64>; 4] {
+    [histogram(), histogram(), histogram(), histogram()]
+}
+
+/// Records one cycle whose steps began at `t[0]`, `t[1]`, `t[2]` and whose
+/// last ended at `t[3]`.
+fn record_cycle(h: &mut [Histogram<u64>; 4], t: [Instant; 4]) {
+    h[0].saturating_record(micros(t[1] - t[0]));
+    h[1].saturating_record(micros(t[2] - t[1]));
+    h[2].saturating_record(micros(t[3] - t[2]));
+    h[3].saturating_record(micros(t[3] - t[0]));
+}
+
+/// The connections' cycles and histograms, summed.
+fn merge_cycles(each: Vec<(u64, [Histogram<u64>; 4])>) -> (u64, [Histogram<u64>; 4]) {
+    let mut cycles = 0;
+    let mut h = cycle_histograms();
+    for (n, hs) in each {
+        cycles += n;
+        for (sum, one) in h.iter_mut().zip(&hs) {
+            sum.add(one).expect("same bounds");
+        }
+    }
+    (cycles, h)
 }
