@@ -161,6 +161,7 @@ store_ops! {
     PauseTube => "pause_tube",
     SetTube => "set_tube",
     TubeSettings => "tube_settings",
+    AllTubeSettings => "all_tube_settings",
     SetSchedule => "set_schedule",
     RemoveSchedule => "remove_schedule",
     Schedules => "schedules",

@@ -502,6 +502,9 @@ async fn export_from_the_embedded_engine_and_import_into_redis() {
         }
         ids.push((id, body));
     }
+    // And the tube's settings, which the jobs above do not use (a job's
+    // options are fixed at its put).
+    assert_eq!(c.cmd("tube-set orders tries=4").await, "SET");
     let mut before = Vec::new();
     for (id, _) in &ids {
         before.push(lasting(&c.stats_job(id).await));
@@ -511,12 +514,18 @@ async fn export_from_the_embedded_engine_and_import_into_redis() {
     std::fs::write(&none, b"").expect("an empty input");
     let server = from.addr.to_string();
     let ran = delayq_files(&["export", "--server", &server], &none, &file).expect(0);
-    assert!(ran.stderr.contains("exported 1200 jobs"), "{}", ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("exported 1200 jobs, and 1 tube settings and schedules"),
+        "{}",
+        ran.stderr
+    );
     let text = ran.text();
-    assert_eq!(text.lines().count(), 1200);
-    // Server ids first, then client ids.
+    assert_eq!(text.lines().count(), 1201);
+    // The tube's settings, then server ids, then client ids.
+    assert!(text.starts_with(r#"{"kind":"settings","tube":"orders","options":"tries=4"}"#));
     let first_client = text.lines().position(|l| l.contains(r#""id":""#));
-    assert_eq!(first_client, Some(900));
+    assert_eq!(first_client, Some(901));
 
     let redis = common::redis::RedisServer::start(&[]);
     let to = Daemon::start(&["--redis", &redis.url]).await;
@@ -525,11 +534,12 @@ async fn export_from_the_embedded_engine_and_import_into_redis() {
     let ran = delayq_files(&["import", "--server", &server], &file, &out).expect(0);
     assert!(
         ran.stderr
-            .contains("imported 1200 jobs, 0 were there already, 0 refused"),
+            .contains("imported 1200 jobs, 0 were there already, 0 refused; 1 tube settings"),
         "{}",
         ran.stderr
     );
     let mut r = to.client().await;
+    assert_eq!(r.yaml("tube-settings orders").await.get("tries"), "4");
     for ((id, body), was) in ids.iter().zip(&before) {
         assert_eq!(&lasting(&r.stats_job(id).await), was, "job {id}");
         assert_eq!(&r.found(&format!("peek {id}")).await.body, body, "job {id}");

@@ -103,6 +103,12 @@ impl<S: Store> Broker<S> {
         Ok(put.outcome)
     }
 
+    /// Every tube that has settings, with them.
+    pub async fn all_tube_settings(&self) -> StoreResult<Vec<(Tube, Lifecycle)>> {
+        self.call(StoreOp::AllTubeSettings, self.store.all_tube_settings())
+            .await
+    }
+
     /// A page of whole jobs (see [`Store::export`]).
     pub async fn export(&self, from: ExportCursor, max: usize) -> StoreResult<ExportPage> {
         self.call(StoreOp::Export, self.store.export(from, max))

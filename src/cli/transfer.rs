@@ -31,7 +31,7 @@ pub(super) async fn export(client: &mut Client, out: &mut impl Write) -> Result<
     let total = current_jobs(client).await?;
     let bar = bar(total, "exporting");
     let mut seen: HashSet<String> = HashSet::new();
-    let mut written = 0u64;
+    let (mut written, mut others) = (0u64, 0u64);
     // Client-id jobs wait in a file of their own until the end.
     let mut later = tempfile::tempfile()
         .map(std::io::BufWriter::new)
@@ -46,19 +46,30 @@ pub(super) async fn export(client: &mut Client, out: &mut impl Write) -> Result<
             .and_then(|(next, len)| Some((next.to_string(), len.parse::<usize>().ok()?)))
             .ok_or_else(|| unexpected(&line, &reply))?;
         let data = client.data(len).await?;
-        for job in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-            let id =
-                job_id(job).ok_or_else(|| Fault::Server("an export line without an id".into()))?;
-            let server_id = id.bytes().all(|b| b.is_ascii_digit());
-            if !seen.insert(id) {
-                continue;
-            }
-            let to: &mut dyn Write = if server_id { out } else { &mut later };
-            to.write_all(job)
+        for line in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let to: &mut dyn Write = match line_kind(line) {
+                // Settings and schedules come first in the first page, and
+                // go first into the file, before the jobs they are for.
+                Kind::Other => {
+                    others += 1;
+                    out
+                }
+                Kind::Job(id) => {
+                    let server_id = id.bytes().all(|b| b.is_ascii_digit());
+                    if !seen.insert(id) {
+                        continue;
+                    }
+                    written += 1;
+                    bar.inc(1);
+                    if server_id { out } else { &mut later }
+                }
+                Kind::Broken => {
+                    return Err(Fault::Server("an export line without an id or kind".into()));
+                }
+            };
+            to.write_all(line)
                 .and_then(|()| to.write_all(b"\n"))
                 .map_err(|e| Fault::Io(format!("cannot write the export: {e}")))?;
-            written += 1;
-            bar.inc(1);
         }
         if next == "0" {
             break;
@@ -75,7 +86,7 @@ pub(super) async fn export(client: &mut Client, out: &mut impl Write) -> Result<
         });
     copied.map_err(|e| Fault::Io(format!("cannot write the export: {e}")))?;
     bar.finish_and_clear();
-    eprintln!("delayq: exported {written} jobs");
+    eprintln!("delayq: exported {written} jobs, and {others} tube settings and schedules");
     Ok(Outcome::Done)
 }
 
@@ -83,6 +94,7 @@ pub(super) async fn export(client: &mut Client, out: &mut impl Write) -> Result<
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Tally {
     imported: u64,
+    others: u64,
     existing: u64,
     refused: u64,
 }
@@ -134,10 +146,14 @@ pub(super) async fn import(
     bar.finish_and_clear();
     let Tally {
         imported,
+        others,
         existing,
         refused,
     } = tally;
-    eprintln!("delayq: imported {imported} jobs, {existing} were there already, {refused} refused");
+    eprintln!(
+        "delayq: imported {imported} jobs, {existing} were there already, {refused} refused; \
+         {others} tube settings and schedules set"
+    );
     if refused > 0 {
         return Err(Fault::Server(format!(
             "{refused} lines were refused (see above); importing again skips the jobs that are in"
@@ -155,7 +171,9 @@ async fn answer(
 ) -> Result<(), Fault> {
     let reply = client.reply().await?;
     let number = in_flight.pop_front().unwrap_or_default();
-    if reply.starts_with("IMPORTED ") {
+    if reply.starts_with("IMPORTED settings ") || reply.starts_with("IMPORTED schedule ") {
+        tally.others += 1;
+    } else if reply.starts_with("IMPORTED ") {
         tally.imported += 1;
     } else if reply.starts_with("EXISTS ") {
         tally.existing += 1;
@@ -173,17 +191,31 @@ async fn answer(
     Ok(())
 }
 
-/// The id of an export line, as text, to tell repeated lines apart.
-fn job_id(line: &[u8]) -> Option<String> {
+/// What an export line is.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    /// A job, with its id as text, to tell repeated lines apart.
+    Job(String),
+    /// A tube's settings or a schedule.
+    Other,
+    /// Neither: the server sent something else.
+    Broken,
+}
+
+fn line_kind(line: &[u8]) -> Kind {
     #[derive(serde::Deserialize)]
-    struct Id {
-        id: serde_json::Value,
+    struct Head {
+        id: Option<serde_json::Value>,
+        kind: Option<String>,
     }
-    let id: Id = serde_json::from_slice(line).ok()?;
-    match id.id {
-        serde_json::Value::Number(n) => Some(n.to_string()),
-        serde_json::Value::String(s) => Some(s),
-        _ => None,
+    let Ok(head) = serde_json::from_slice::<Head>(line) else {
+        return Kind::Broken;
+    };
+    match (head.kind, head.id) {
+        (Some(_), _) => Kind::Other,
+        (None, Some(serde_json::Value::Number(n))) => Kind::Job(n.to_string()),
+        (None, Some(serde_json::Value::String(s))) => Kind::Job(s),
+        _ => Kind::Broken,
     }
 }
 
@@ -247,10 +279,17 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_read_from_lines() {
-        assert_eq!(job_id(br#"{"id":42,"tube":"t"}"#).as_deref(), Some("42"));
-        assert_eq!(job_id(br#"{"id":"order:1"}"#).as_deref(), Some("order:1"));
-        assert_eq!(job_id(br#"{"tube":"t"}"#), None);
-        assert_eq!(job_id(b"not json"), None);
+    fn lines_are_told_apart() {
+        assert_eq!(
+            line_kind(br#"{"id":42,"tube":"t"}"#),
+            Kind::Job("42".into())
+        );
+        assert_eq!(
+            line_kind(br#"{"id":"order:1"}"#),
+            Kind::Job("order:1".into())
+        );
+        assert_eq!(line_kind(br#"{"kind":"settings","tube":"t"}"#), Kind::Other);
+        assert_eq!(line_kind(br#"{"tube":"t"}"#), Kind::Broken);
+        assert_eq!(line_kind(b"not json"), Kind::Broken);
     }
 }

@@ -70,7 +70,9 @@ pub fn needs(cmd: &Command) -> Need {
         | Command::Unschedule(_)
         | Command::ListSchedules
         | Command::Export { .. }
-        | Command::Import(_) => Need::WholeAdmin,
+        | Command::Import(_)
+        | Command::ImportSettings(..)
+        | Command::ImportSchedule(_) => Need::WholeAdmin,
     }
 }
 

@@ -13,7 +13,7 @@ use super::{export, options};
 use crate::job::{ExportCursor, Lifecycle, WholeJob};
 use crate::names::{JobId, Tube, client_id, parse_u32, parse_u64};
 use crate::rules::MAX_BATCH;
-use crate::schedule::{When, now_ms, valid_name};
+use crate::schedule::{Schedule, When, now_ms, valid_name};
 
 /// One parsed command, with every argument validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,6 +143,10 @@ pub enum Command {
     /// `import <bytes>` (extension) with a line of an export as its body:
     /// insert a whole job.
     Import(Box<WholeJob>),
+    /// `import` of a tube's settings line.
+    ImportSettings(Tube, Lifecycle),
+    /// `import` of a schedule line.
+    ImportSchedule(Box<Schedule>),
 }
 
 /// A schedule as a client registers it.
@@ -216,11 +220,13 @@ impl Header {
             }
             // The body's own size is checked against the limit where the
             // command runs.
-            Header::Import(_) => Ok(Command::Import(Box::new(export::read_line(
-                &body,
-                SystemTime::now(),
-                usize::MAX,
-            )?))),
+            Header::Import(_) => Ok(
+                match export::read_any(&body, SystemTime::now(), usize::MAX)? {
+                    export::Line::Job(job) => Command::Import(job),
+                    export::Line::Settings(tube, options) => Command::ImportSettings(tube, options),
+                    export::Line::Schedule(schedule) => Command::ImportSchedule(schedule),
+                },
+            ),
         }
     }
 }

@@ -17,7 +17,7 @@ use super::session::{Outcome, Session, secs};
 use super::stats::{render_job, render_tube, render_tubes};
 use crate::auth::Access;
 use crate::error::StoreResult;
-use crate::job::{NewJob, PutOutcome, WholeJob};
+use crate::job::{ExportCursor, NewJob, PutOutcome, WholeJob};
 use crate::names::Tube;
 use crate::rules;
 use crate::schedule::{Schedule, now_ms};
@@ -228,15 +228,39 @@ impl<S: Store> Session<S> {
             Command::Auth(token) => self.authenticate(&token).await,
             Command::Export { from, max } => {
                 let max = export::page_size(max, self.shared.config.max_job_size);
+                let mut data = Vec::new();
+                if from == ExportCursor::default() {
+                    // What a deployment needs besides its jobs, first: an
+                    // import that sets a tube's settings before its jobs
+                    // arrive keeps them as they were.
+                    for (tube, settings) in broker.all_tube_settings().await? {
+                        export::write_settings(&tube, &settings, &mut data);
+                    }
+                    for schedule in broker.schedules().await? {
+                        export::write_schedule(&schedule, &mut data);
+                    }
+                }
                 let page = broker.export(from, max).await?;
                 let now = SystemTime::now();
-                let mut data = Vec::new();
                 for job in &page.jobs {
                     export::write_line(job, now, &mut data);
                 }
                 Reply::Exported {
                     next: export::show_cursor(page.next),
                     data: data.into(),
+                }
+            }
+            Command::ImportSettings(tube, options) => {
+                broker.set_tube(&tube, options).await?;
+                Reply::Imported(format!("settings {tube}"))
+            }
+            Command::ImportSchedule(schedule) => {
+                if self.shared.stats.is_draining() {
+                    Reply::Draining
+                } else if broker.set_schedule(&schedule).await? {
+                    Reply::Imported(format!("schedule {}", schedule.name))
+                } else {
+                    Reply::Client(ClientError::BadSchedule("too-many"))
                 }
             }
             Command::Import(job) => match self.whole_job(*job) {
@@ -302,7 +326,7 @@ enum Incoming {
 /// The reply to an import.
 fn import_reply(outcome: PutOutcome) -> Reply {
     match outcome {
-        PutOutcome::Inserted(id) => Reply::Imported(id),
+        PutOutcome::Inserted(id) => Reply::Imported(id.to_string()),
         PutOutcome::Exists(id) => Reply::Exists(id),
     }
 }

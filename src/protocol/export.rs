@@ -17,6 +17,13 @@
 //! `tries-used` and `dead` (where it is in them); `bury-order` is a buried
 //! job's place in its tube's burial order (the exporting engine's own
 //! numbering: buried jobs keep their order among themselves).
+//!
+//! An export's first page also carries what a deployment needs besides its
+//! jobs: each tube's settings, `{"kind":"settings","tube":...,"options":
+//! "tries=5 backoff=exp:10s"}`, and each schedule, `{"kind":"schedule",
+//! "name":...,"tube":...,"schedule":BASE64}` (the schedule as the stores
+//! keep it, its registration time included, so that its catch-up is what
+//! it would have been). A line without `kind` is a job.
 
 use std::time::{Duration, SystemTime};
 
@@ -28,8 +35,9 @@ use serde_json::{Map, Value, json};
 
 use super::ClientError;
 use super::options;
-use crate::job::{ExportCursor, JobCounters, JobState, WholeJob};
+use crate::job::{ExportCursor, JobCounters, JobState, Lifecycle, WholeJob};
 use crate::names::{JobId, Tube};
+use crate::schedule::Schedule;
 
 /// Most jobs one `export` page holds.
 pub const MAX_PAGE: usize = 1000;
@@ -143,6 +151,73 @@ pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut Vec<u8>) {
     // Serialising a map of plain values cannot fail.
     let _ = serde_json::to_writer(&mut *out, &Value::Object(obj));
     out.push(b'\n');
+}
+
+/// What one line of an export holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    /// A job.
+    Job(Box<WholeJob>),
+    /// A tube's settings.
+    Settings(Tube, Lifecycle),
+    /// A schedule.
+    Schedule(Box<Schedule>),
+}
+
+/// Writes a tube's settings as one line.
+pub fn write_settings(tube: &Tube, settings: &Lifecycle, out: &mut Vec<u8>) {
+    let line =
+        json!({"kind": "settings", "tube": tube.as_str(), "options": options::words(settings)});
+    let _ = serde_json::to_writer(&mut *out, &line);
+    out.push(b'\n');
+}
+
+/// Writes a schedule as one line.
+pub fn write_schedule(schedule: &Schedule, out: &mut Vec<u8>) {
+    let line = json!({
+        "kind": "schedule",
+        "name": &*schedule.name,
+        "tube": schedule.tube.as_str(),
+        "schedule": BASE64.encode(schedule.encode()),
+    });
+    let _ = serde_json::to_writer(&mut *out, &line);
+    out.push(b'\n');
+}
+
+/// Reads one line of an export: a job (see [`read_line`]), a tube's
+/// settings or a schedule.
+pub fn read_any(line: &[u8], now: SystemTime, max_job_size: usize) -> Result<Line, ClientError> {
+    let bad = || ClientError::BadFormat;
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
+        return Err(bad());
+    };
+    match obj.get("kind").map(|k| k.as_str()) {
+        None => read_line(line, now, max_job_size).map(|job| Line::Job(Box::new(job))),
+        Some(Some("settings")) => {
+            let tube = obj.get("tube").and_then(Value::as_str).ok_or_else(bad)?;
+            let tube = Tube::parse(tube.as_bytes()).ok_or_else(bad)?;
+            let words = obj.get("options").and_then(Value::as_str).ok_or_else(bad)?;
+            let words: Vec<&[u8]> = words
+                .split(' ')
+                .filter(|w| !w.is_empty())
+                .map(str::as_bytes)
+                .collect();
+            Ok(Line::Settings(tube, options::parse(&words)?))
+        }
+        Some(Some("schedule")) => {
+            let raw = obj
+                .get("schedule")
+                .and_then(Value::as_str)
+                .ok_or_else(bad)?;
+            let raw = BASE64.decode(raw).map_err(|_| bad())?;
+            let schedule = Schedule::decode(&raw).ok_or_else(bad)?;
+            if schedule.body.len() > max_job_size {
+                return Err(ClientError::JobTooBig);
+            }
+            Ok(Line::Schedule(Box::new(schedule)))
+        }
+        Some(_) => Err(bad()),
+    }
 }
 
 /// Reads one line written by [`write_line`] (its line ending stripped or

@@ -105,9 +105,9 @@ pub enum Reply {
         /// The jobs' lines.
         data: Bytes,
     },
-    /// `IMPORTED <id>`: `import` inserted the job, under this id
-    /// (extension).
-    Imported(JobId),
+    /// `IMPORTED <id>`: `import` inserted the job, under this id; or
+    /// `IMPORTED settings <tube>`, `IMPORTED schedule <name>` (extension).
+    Imported(String),
     /// `AUTHENTICATED`: `auth` accepted the token (extension).
     Authenticated,
     /// `UNAUTHORIZED`: tokens are on and the client has not authenticated,
@@ -177,9 +177,8 @@ impl Reply {
     pub fn encode_text(&self, dst: &mut BytesMut) {
         let word = self.word();
         match self {
-            Reply::Inserted(id) | Reply::Exists(id) | Reply::Imported(id) => {
-                line(dst, format_args!("{word} {id}"));
-            }
+            Reply::Inserted(id) | Reply::Exists(id) => line(dst, format_args!("{word} {id}")),
+            Reply::Imported(what) => line(dst, format_args!("{word} {what}")),
             Reply::Exported { next, data } => {
                 dst.reserve(data.len() + 64);
                 line(dst, format_args!("{word} {next} {}", data.len()));
@@ -239,12 +238,10 @@ impl Reply {
     /// API shapes it (see [`super::stats::document_json`]).
     pub fn to_json(&self) -> serde_json::Value {
         match self {
-            Reply::Inserted(id)
-            | Reply::Deleted(id)
-            | Reply::Finished(id)
-            | Reply::Imported(id) => {
+            Reply::Inserted(id) | Reply::Deleted(id) | Reply::Finished(id) => {
                 json!({"success": true, "id": id.to_string()})
             }
+            Reply::Imported(what) => json!({"success": true, "imported": what}),
             Reply::Exported { next, data } => json!({
                 "success": true,
                 "next": next,

@@ -118,6 +118,8 @@ impl Cmd {
             | Command::ListSchedules
             | Command::Export { .. }
             | Command::Import(_)
+            | Command::ImportSettings(..)
+            | Command::ImportSchedule(_)
             | Command::Auth(_)
             | Command::Quit => return None,
         })

@@ -197,6 +197,10 @@ pub trait Store: Send + Sync + 'static {
     /// A tube's settings.
     fn tube_settings(&self, tube: &Tube) -> impl Future<Output = StoreResult<Lifecycle>> + Send;
 
+    /// Every tube that has settings, with them (for an export).
+    fn all_tube_settings(&self)
+    -> impl Future<Output = StoreResult<Vec<(Tube, Lifecycle)>>> + Send;
+
     /// Registers or replaces the schedule `name`, kept as `encoded` (what
     /// [`crate::schedule::Schedule::encode`] made); refused (`false`) if it
     /// is new and the store has [`crate::schedule::MAX_SCHEDULES`] already.

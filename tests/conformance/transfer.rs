@@ -26,6 +26,7 @@ backend_tests!(
     bad_import_lines_are_refused_and_the_connection_goes_on,
     an_imported_delayed_job_keeps_its_due_time,
     pipelined_imports_are_answered_in_order,
+    tube_settings_and_schedules_move_too,
 );
 
 /// A tube no other test of the run uses.
@@ -95,14 +96,24 @@ async fn export_tube(c: &mut Client, tube: &str, page: usize) -> Vec<String> {
         let text = String::from_utf8(data[..len].to_vec()).expect("JSON lines are text");
         for line in text.lines() {
             let job: Value = serde_json::from_str(line).expect("each line is a JSON object");
-            if job["tube"] == tube && seen.insert(job["id"].to_string()) {
+            // Settings and schedules have no id, and come once.
+            if job["tube"] == tube
+                && (job["kind"].is_string() || seen.insert(job["id"].to_string()))
+            {
                 lines.push(line.to_string());
             }
         }
         if next == "0" {
             // As `delayq export` writes them: server ids first, so that
             // client-id jobs, which take new numbers, take none of theirs.
-            lines.sort_by_key(|l| !line_id(l).chars().all(|c| c.is_ascii_digit()));
+            lines.sort_by_key(|l| {
+                let job: Value = serde_json::from_str(l).expect("a JSON line");
+                match &job["id"] {
+                    Value::Number(_) => 1,
+                    Value::String(_) => 2,
+                    _ => 0,
+                }
+            });
             return lines;
         }
         cursor = next;
@@ -377,4 +388,66 @@ async fn pipelined_imports_are_answered_in_order(b: Backend) {
     assert!(c.line().await.starts_with("INSERTED "));
     assert_eq!(n, 50);
     assert_eq!(c.stats_tube(&tube).await.num("current-jobs-ready"), 51);
+}
+
+/// Sets `tube`'s settings and registers the schedule `name` into it on
+/// `c`, with one job.
+async fn settings_and_schedule(c: &mut Client, tube: &str, name: &str) {
+    assert_eq!(
+        c.cmd(&format!("tube-set {tube} tries=5 backoff=exp:10s"))
+            .await,
+        "SET"
+    );
+    let line = format!("schedule {name} {tube} 7 30 5 every 1h\r\nhello");
+    assert!(c.cmd(&line).await.starts_with("SCHEDULED "));
+    assert_eq!(c.cmd(&format!("use {tube}")).await, format!("USING {tube}"));
+    c.put_ok(1, 0, 10, b"job").await;
+}
+
+/// Checks that `c` has what [`settings_and_schedule`] made.
+async fn has_settings_and_schedule(c: &mut Client, tube: &str, name: &str) {
+    let settings = c.yaml(&format!("tube-settings {tube}")).await;
+    assert_eq!(settings.get("tries"), "5");
+    assert_eq!(settings.get("backoff"), "exp:10s");
+    let all = c.schedules().await.join("\n");
+    assert!(all.contains(name), "{name} in {all}");
+    assert_eq!(c.stats_tube(tube).await.num("current-jobs-ready"), 1);
+}
+
+async fn tube_settings_and_schedules_move_too(b: Backend) {
+    let server = TestServer::start(b).await;
+    let memory = TestServer::start(Backend::Memory).await;
+    let (mut s, mut m) = (server.client().await, memory.client().await);
+    move_settings_and_schedule(&mut s, &mut m, "out").await;
+    move_settings_and_schedule(&mut m, &mut s, "in").await;
+}
+
+/// Makes settings, a schedule and a job on `from`, moves them to `to` and
+/// checks them there.
+async fn move_settings_and_schedule(from: &mut Client, to: &mut Client, what: &str) {
+    let tube = fresh_tube(what);
+    let name = format!("{tube}-nightly");
+    settings_and_schedule(from, &tube, &name).await;
+    let lines = export_tube(from, &tube, 10).await;
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    let mut replies = Vec::new();
+    for line in &lines {
+        replies.push(to.cmd(&format!("import {}\r\n{line}", line.len())).await);
+    }
+    assert_eq!(
+        replies[0],
+        format!("IMPORTED settings {tube}"),
+        "{replies:?}"
+    );
+    assert_eq!(
+        replies[1],
+        format!("IMPORTED schedule {name}"),
+        "{replies:?}"
+    );
+    assert!(replies[2].starts_with("IMPORTED "), "{replies:?}");
+    has_settings_and_schedule(to, &tube, &name).await;
+    // The cluster engine is shared by every test: leave no schedule.
+    for c in [from, to] {
+        assert_eq!(c.cmd(&format!("unschedule {name}")).await, "UNSCHEDULED");
+    }
 }

@@ -272,6 +272,10 @@ impl<L: Log> Store for MemoryStore<L> {
         self.read(|st, _| st.tube_settings(tube))
     }
 
+    async fn all_tube_settings(&self) -> StoreResult<Vec<(Tube, Lifecycle)>> {
+        self.read(|st, _| st.all_tube_settings())
+    }
+
     async fn set_schedule(&self, name: &str, encoded: Bytes) -> StoreResult<bool> {
         self.change(WhenSafe, |st, _, log| st.set_schedule(name, &encoded, log))
             .await

@@ -17,6 +17,13 @@ fn span(us: Micros) -> Duration {
 }
 
 impl State {
+    /// Every tube that has settings, with them, in the order of the names.
+    pub fn all_tube_settings(&self) -> Vec<(Tube, crate::job::Lifecycle)> {
+        let mut all: Vec<_> = self.settings.iter().map(|(t, &o)| (t.clone(), o)).collect();
+        all.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        all
+    }
+
     /// Up to `max` whole jobs in slab order from slot `from.at` on. A job
     /// keeps its slot for its whole life, so one that lives through an
     /// export is in exactly one page.

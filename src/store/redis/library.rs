@@ -75,6 +75,7 @@ impl Kind {
                 tube_settings,
                 schedules,
                 export,
+                all_settings,
             ),
         }
     }

@@ -987,6 +987,17 @@ impl Store for RedisStore {
         decode::decode_options(&parse::<String>(got)?)
     }
 
+    async fn all_tube_settings(&self) -> StoreResult<Vec<(Tube, Lifecycle)>> {
+        let got: Vec<(String, String)> =
+            parse(self.op(Kind::Reads, "all_settings", Vec::new()).await?)?;
+        let mut all = got
+            .into_iter()
+            .map(|(t, o)| Ok((tube(&t)?, decode::decode_options(&o)?)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        all.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        Ok(all)
+    }
+
     async fn set_schedule(&self, name: &str, encoded: Bytes) -> StoreResult<bool> {
         let args = vec![
             Arg::Text(name.to_string()),
