@@ -1,15 +1,18 @@
-//! `delayq export` and `delayq import`: every job of a server to JSON lines
-//! and back (the format is `protocol::export`'s), to move a deployment from
-//! one engine to another.
+//! `delayq export` and `delayq import`: every job of a server, with its
+//! tubes' settings and its schedules, to JSON lines and back (the format is
+//! `protocol::export`'s), to move a deployment from one engine to another.
 //!
 //! An export reads pages with `export <cursor> <count>` until the cursor
-//! comes back `0`. A shared engine's scan may give a job twice, so ids
-//! already written are skipped. Jobs with server ids are written first: an
-//! import gives client-id jobs new internal numbers, and in that order
-//! they take none that a server-id job of the file wants to keep. An import sends each line as an `import`,
-//! many in flight at once (the replies come back in order); a job that is
-//! there already (`EXISTS`) counts as done, so an import that stopped
-//! half-way is simply run again.
+//! comes back `0`. The settings and schedules, which the first page begins
+//! with, are written first. A shared engine's scan may give a job twice,
+//! so ids already written are skipped. Jobs with server ids are written
+//! before those with client ids: an import gives client-id jobs new
+//! internal numbers, and in that order they take none that a server-id job
+//! of the file wants to keep.
+//!
+//! An import sends each line as an `import`, many in flight at once (the
+//! replies come back in order); a job that is there already (`EXISTS`)
+//! counts as done, so an import that stopped half-way is simply run again.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, IsTerminal, Seek, Write};
@@ -26,7 +29,8 @@ pub const PAGE: usize = 500;
 /// trip, few enough that the replies waiting in the socket stay small.
 const WINDOW: usize = 64;
 
-/// Writes every job of the server to `out`, one JSON line each.
+/// Writes the server's tube settings and schedules, then every job, to
+/// `out`, one JSON line each.
 pub(super) async fn export(client: &mut Client, out: &mut impl Write) -> Result<Outcome, Fault> {
     let total = current_jobs(client).await?;
     let bar = bar(total, "exporting");
