@@ -15,13 +15,14 @@
 OPS.import = function(tube, name, key, mode, pri, delay, ttr, body, options, state, left, age, order, reserves,
                       timeouts, releases, buries, kicks, tries, dead)
   local created = now_ms() - tonumber(age)
+  local held
   if name ~= '' then
     if name_taken(name) then return 0 end
     if key ~= '' and redis.call('HEXISTS', P .. 'jobs', key) == 1 then
       return redis.error_reply('delayq: job key ' .. key .. ' is taken (the key sequence went back)')
     end
   else
-    local held = load(key)
+    held = load(key)
     if held ~= nil and held[NAME] == '' and held[TUBE] == tube and held[BODY] == body
         and math.abs(held[CREATED] - created) <= 1000 then
       return 0
@@ -38,7 +39,7 @@ OPS.import = function(tube, name, key, mode, pri, delay, ttr, body, options, sta
     end
     seq_next, seq_last = nil, nil
     local wanted = 0
-    if name == '' and load(key) == nil then wanted = tonumber(key, 16) end
+    if name == '' and held == nil then wanted = tonumber(key, 16) end
     key = string.format('%012x', claim(wanted))
   end
   ensure_tube(tube)

@@ -1173,9 +1173,6 @@ impl RedisStore {
         Ok(share)
     }
 
-    /// The next key of this process's block of the cluster-wide sequence
-    /// that suits a job of `tube` (any key for a client-chosen id, `None`),
-    /// taking a new block from the control slot when this one runs out.
     /// What an `import` call that did not answer -1 did.
     fn imported(&self, shard: usize, job: &WholeJob, got: Value) -> StoreResult<PutOutcome> {
         if got == Value::Int(0) {
@@ -1232,6 +1229,9 @@ impl RedisStore {
         self.op_on(shard, Kind::Puts, "import", args).await
     }
 
+    /// The next key of this process's block of the cluster-wide sequence
+    /// that suits a job of `tube` (any key for a client-chosen id, `None`),
+    /// taking a new block from the control slot when this one runs out.
     async fn next_key(&self, s: &Sharding, tube: Option<&Tube>) -> StoreResult<u64> {
         let mut block = self.keys.lock().await;
         loop {
