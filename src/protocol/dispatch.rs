@@ -255,9 +255,7 @@ impl<S: Store> Session<S> {
                 Reply::Imported(format!("settings {tube}"))
             }
             Command::ImportSchedule(schedule) => {
-                if self.shared.stats.is_draining() {
-                    Reply::Draining
-                } else if broker.set_schedule(&schedule).await? {
+                if broker.set_schedule(&schedule).await? {
                     Reply::Imported(format!("schedule {}", schedule.name))
                 } else {
                     Reply::Client(ClientError::BadSchedule("too-many"))
@@ -283,6 +281,7 @@ impl<S: Store> Session<S> {
     ) -> StoreResult<Outcome> {
         let tubes: Arc<[Tube]> = match tube {
             Some(t) => Arc::from([t]),
+            None if matches!(self.access, Access::Open) => Arc::from(self.watched.as_slice()),
             None => {
                 // A prefix token takes only from the watched tubes it may
                 // touch, so `default`, watched from the start, need not be
