@@ -206,6 +206,31 @@ pub enum JobState {
     Buried,
 }
 
+impl JobState {
+    /// The state's name, as `stats-job` prints it and the stores and an
+    /// export write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Delayed => "delayed",
+            JobState::Ready => "ready",
+            JobState::Reserved => "reserved",
+            JobState::Buried => "buried",
+        }
+    }
+
+    /// The state [`JobState::name`] names.
+    pub fn from_name(name: &str) -> Option<JobState> {
+        [
+            JobState::Delayed,
+            JobState::Ready,
+            JobState::Reserved,
+            JobState::Buried,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+    }
+}
+
 /// How many times things happened to one job.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JobCounters {

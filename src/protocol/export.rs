@@ -96,15 +96,6 @@ fn wall(now: SystemTime, offset: Duration, ahead: bool) -> String {
     DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-fn state_word(state: JobState) -> &'static str {
-    match state {
-        JobState::Ready => "ready",
-        JobState::Delayed => "delayed",
-        JobState::Reserved => "reserved",
-        JobState::Buried => "buried",
-    }
-}
-
 /// Writes `job` as one line (with its `\n`) onto `out`; `now` is the wall
 /// clock the job's times are counted from.
 pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut Vec<u8>) {
@@ -115,7 +106,7 @@ pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut Vec<u8>) {
     let mut obj = Map::new();
     obj.insert("id".into(), id);
     obj.insert("tube".into(), json!(job.tube.as_str()));
-    obj.insert("state".into(), json!(state_word(job.state)));
+    obj.insert("state".into(), json!(job.state.name()));
     obj.insert("pri".into(), json!(job.pri));
     obj.insert("created".into(), json!(wall(now, job.age, false)));
     obj.insert("delay-ms".into(), json!(job.delay.as_millis() as u64));
@@ -254,13 +245,7 @@ pub fn read_line(
         _ => return Err(bad()),
     };
     let tube = Tube::parse(text("tube").ok_or_else(bad)?.as_bytes()).ok_or_else(bad)?;
-    let state = match text("state").ok_or_else(bad)? {
-        "ready" => JobState::Ready,
-        "delayed" => JobState::Delayed,
-        "reserved" => JobState::Reserved,
-        "buried" => JobState::Buried,
-        _ => return Err(bad()),
-    };
+    let state = JobState::from_name(text("state").ok_or_else(bad)?).ok_or_else(bad)?;
     let created = time("created")?;
     let time_left = match state {
         JobState::Delayed => time("due")?.duration_since(now).unwrap_or_default(),

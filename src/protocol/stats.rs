@@ -322,23 +322,13 @@ fn secs_left(d: Duration) -> u64 {
     d.as_micros().saturating_sub(1) as u64 / 1_000_000
 }
 
-/// The name `stats-job` prints for a state.
-fn state_name(state: JobState) -> &'static str {
-    match state {
-        JobState::Delayed => "delayed",
-        JobState::Ready => "ready",
-        JobState::Reserved => "reserved",
-        JobState::Buried => "buried",
-    }
-}
-
 /// The `stats-job` document.
 pub fn render_job(j: &JobStats) -> String {
     let mut y = String::with_capacity(200);
     y.push_str("---\n");
     field(&mut y, "id", yaml_id(&j.id));
     field(&mut y, "tube", &j.tube);
-    field(&mut y, "state", state_name(j.state));
+    field(&mut y, "state", j.state.name());
     field(&mut y, "pri", j.pri);
     field(&mut y, "age", secs(j.age));
     field(&mut y, "delay", secs(j.delay));

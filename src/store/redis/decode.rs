@@ -271,13 +271,7 @@ pub(super) fn whole_job(v: Value) -> StoreResult<WholeJob> {
 }
 
 fn job_state(v: Value) -> StoreResult<JobState> {
-    Ok(match parse::<String>(v)?.as_str() {
-        "ready" => JobState::Ready,
-        "delayed" => JobState::Delayed,
-        "reserved" => JobState::Reserved,
-        "buried" => JobState::Buried,
-        _ => return Err(corrupt("job state")),
-    })
+    JobState::from_name(&parse::<String>(v)?).ok_or_else(|| corrupt("job state"))
 }
 
 /// `stats_tube`'s reply: `{urgent, ready, reserved, delayed, buried, total,

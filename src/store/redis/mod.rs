@@ -1198,10 +1198,10 @@ impl RedisStore {
             JobId::Client(name) => Arg::Text(name.to_string()),
             JobId::Server(_) => Arg::Static(""),
         };
+        // Its holder is not here: a reserved job comes in ready.
         let state = match job.state {
-            JobState::Ready | JobState::Reserved => "ready",
-            JobState::Delayed => "delayed",
-            JobState::Buried => "buried",
+            JobState::Reserved => JobState::Ready,
+            state => state,
         };
         let c = job.counters;
         let args = vec![
@@ -1214,7 +1214,7 @@ impl RedisStore {
             Arg::Int(millis(job.ttr)),
             Arg::Body(job.body.clone()),
             Arg::Text(decode::encode_options(&job.options)),
-            Arg::Static(state),
+            Arg::Static(state.name()),
             Arg::Int(millis(job.time_left)),
             Arg::Int(millis(job.age)),
             Arg::Int(job.bury_order),
