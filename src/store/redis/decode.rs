@@ -206,13 +206,7 @@ pub(super) fn job_stats(mut v: Vec<Value>) -> StoreResult<JobStats> {
         delay: ms(delay)?,
         ttr: ms(ttr)?,
         time_left: ms(left)?,
-        counters: JobCounters {
-            reserves: parse(reserves)?,
-            timeouts: parse(timeouts)?,
-            releases: parse(releases)?,
-            buries: parse(buries)?,
-            kicks: parse(kicks)?,
-        },
+        counters: counters([reserves, timeouts, releases, buries, kicks])?,
     })
 }
 
@@ -256,17 +250,22 @@ pub(super) fn whole_job(v: Value) -> StoreResult<WholeJob> {
         time_left: ms(left)?,
         bury_order: parse(order)?,
         ttr: ms(ttr)?,
-        counters: JobCounters {
-            reserves: parse(reserves)?,
-            timeouts: parse(timeouts)?,
-            releases: parse(releases)?,
-            buries: parse(buries)?,
-            kicks: parse(kicks)?,
-        },
+        counters: counters([reserves, timeouts, releases, buries, kicks])?,
         options: decode_options(&parse::<String>(options)?)?,
         tries: parse(tries)?,
         dead: parse::<i64>(dead)? == 1,
         body: Bytes::from(body),
+    })
+}
+
+/// A job's counters as the scripts return them, in `JobCounters`' order.
+fn counters([reserves, timeouts, releases, buries, kicks]: [Value; 5]) -> StoreResult<JobCounters> {
+    Ok(JobCounters {
+        reserves: parse(reserves)?,
+        timeouts: parse(timeouts)?,
+        releases: parse(releases)?,
+        buries: parse(buries)?,
+        kicks: parse(kicks)?,
     })
 }
 
