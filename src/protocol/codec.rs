@@ -163,7 +163,7 @@ impl Decoder for Codec {
                         Ok(Line::Command(cmd)) => return Ok(Codec::text(Ok(cmd))),
                         Err(e) => return Ok(Codec::text(Err(e))),
                         Ok(Line::Body(header)) => {
-                            if header.bytes() > header.max_bytes(self.limits.max_job_size) {
+                            if header.bytes() > header.max_bytes(&self.limits) {
                                 self.state = State::Skip {
                                     left: header.bytes().saturating_add(2),
                                 };

@@ -197,15 +197,13 @@ impl Header {
         }
     }
 
-    /// The longest body this header may announce, under `max_job_size`:
-    /// a job's body, or for `import` a whole export line, whose body may
-    /// be written with every byte escaped.
-    pub fn max_bytes(&self, max_job_size: usize) -> u64 {
+    /// The longest body this header may announce under `limits`: a job's
+    /// body, or for `import` a whole export line, as long as a JSON command
+    /// line may be (its body may be written with every byte escaped).
+    pub fn max_bytes(&self, limits: &super::codec::Limits) -> u64 {
         match self {
-            Header::Put(_) | Header::Schedule(_) => max_job_size as u64,
-            Header::Import(_) => {
-                (super::codec::MAX_LINE as u64).saturating_add(6 * max_job_size as u64)
-            }
+            Header::Put(_) | Header::Schedule(_) => limits.max_job_size as u64,
+            Header::Import(_) => limits.json_line() as u64,
         }
     }
 
