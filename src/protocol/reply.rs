@@ -245,10 +245,7 @@ impl Reply {
             Reply::Exported { next, data } => json!({
                 "success": true,
                 "next": next,
-                "jobs": data
-                    .split(|&b| b == b'\n')
-                    .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
-                    .collect::<Vec<_>>(),
+                "data": String::from_utf8_lossy(data),
             }),
             Reply::Reserved(job) | Reply::Found(job) => {
                 let mut value = json!({"success": true});
