@@ -226,7 +226,14 @@ impl Shared {
         }
         self.lock().free.append(&mut emptied);
         self.records_written.fetch_add(records, Ordering::Relaxed);
-        self.marks.send_modify(|m| m.written = m.written.max(upto));
+        // Under the default policy nobody waits for a write alone: the
+        // mark moves without waking the relay, which would only wake the
+        // runtime for nothing, once per group.
+        let tell = !matches!(self.policy, SyncPolicy::Always);
+        self.marks.send_if_modified(|m| {
+            m.written = m.written.max(upto);
+            tell
+        });
         true
     }
 
