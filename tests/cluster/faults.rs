@@ -79,7 +79,20 @@ async fn a_retried_call_changes_nothing() {
     };
     let key = (SHARDS * 100_000 + k) as u64;
     let first = put("retry-test.1", key);
+    // The first reply is kept under the token for 5 s. A call run again
+    // touches it: a write, so that a `WAIT` sent after the replay (on what
+    // may be another connection) counts replicas past the first run's
+    // writes.
+    let kept = format!("{tag}call:retry-test.1");
+    let pttl = || query(port, &["PTTL", &kept]).expect("PTTL").int();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = pttl();
     let again = put("retry-test.1", key);
+    let after = pttl();
+    assert!(
+        before < 4_800 && after > before,
+        "the replay did not touch the kept reply: PTTL {before} ms, then {after} ms"
+    );
     assert!(
         matches!(first.items().first(), Some(Reply::Int(n)) if *n == key as i64),
         "the put returns the job's id: {first:?}"

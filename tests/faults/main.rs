@@ -36,6 +36,7 @@ mod durability;
 mod durable;
 mod rate;
 mod redis_down;
+mod replicas;
 mod restarts;
 mod schedules;
 mod timers;

@@ -36,7 +36,13 @@ local function dispatcher(allowed)
     if token ~= nil then
       done = P .. 'call:' .. token
       local first = redis.call('GET', done)
-      if first then return cmsgpack.unpack(first) end
+      if first then
+        -- A write: a WAIT after this call (--redis-wait) counts replicas
+        -- for this connection's writes, and the first run's were perhaps
+        -- on another connection. This one is later than them.
+        redis.call('PEXPIRE', done, REPLY_KEPT_MS)
+        return cmsgpack.unpack(first)
+      end
     end
     local i, n = 4, #args
     local out = {}

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use redis::{RedisError, Value};
+use redis::{RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::info;
 
@@ -223,15 +223,15 @@ async fn send(mut conn: Conn, call: Call, ops: Vec<Op>) -> Done {
                 .collect();
             if !rest.is_empty() {
                 let result = call.run(&mut conn, Function::Drain, &rest).await;
-                done.extend(answers(rest, result));
+                done.extend(answers(rest, result.map(|(results, _)| results)));
             }
             done
         }
-        Ok(results) if call.wait.is_some() && ops.iter().any(|op| op.kind == Kind::Puts) => {
-            // Followed by WAIT on the primary that ran it: a put that too few replicas have may be lost in a
+        Ok((results, Some(acked))) => {
+            // The call's puts are acknowledged only once enough replicas
+            // have them: a put the promoted replica lacks is lost in a
             // failover, so it is not acknowledged (the job may be there).
-            let (replicas, ms) = call.wait.unwrap_or_default();
-            let acked = conn.wait(&call.tag, replicas, ms).await;
+            let replicas = call.wait.unwrap_or_default().0;
             let short = match acked {
                 Ok(n) if n >= i64::from(replicas) => None,
                 Ok(n) => Some(format!("only {n} of {replicas} replicas have the job")),
@@ -248,18 +248,19 @@ async fn send(mut conn: Conn, call: Call, ops: Vec<Op>) -> Done {
             }
             done
         }
-        result => answers(ops, result),
+        result => answers(ops, result.map(|(results, _)| results)),
     }
 }
 
 impl Call {
-    /// One call of `function` running `ops`, in order.
+    /// One call of `function` running `ops`, in order; with
+    /// `--redis-wait` and puts among them, also what `WAIT` answered.
     async fn run(
         &self,
         conn: &mut Conn,
         function: Function,
         ops: &[Op],
-    ) -> Result<Vec<Value>, RedisError> {
+    ) -> Result<(Vec<Value>, Option<RedisResult<i64>>), RedisError> {
         let puts = ops.iter().filter(|op| op.kind == Kind::Puts).count();
         let mut cmd = redis::cmd("FCALL");
         // One declared key, so a cluster-aware client routes the call to
@@ -285,7 +286,8 @@ impl Call {
                 arg.write(&mut cmd, &self.process, &mut scratch);
             }
         }
-        let mut result: Result<Vec<Value>, RedisError> = cmd.query_async(conn).await;
+        let waits = self.wait.filter(|_| puts > 0);
+        let mut result = query(conn, &cmd, waits).await;
         if matches!(&result, Err(e) if e.to_string().contains("Function not found")) {
             // Redis lost the library (a restart without persistence, or a
             // FUNCTION FLUSH), or this is a primary that never had it (one
@@ -293,12 +295,12 @@ impl Call {
             // reached it); the call did not run, so it is safe to repeat.
             info!("loading delayq's function library into Redis");
             conn.load(&self.library.source).await?;
-            result = cmd.query_async(conn).await;
+            result = query(conn, &cmd, waits).await;
         }
         // A shard's reply ends with the first ready jobs of the tubes the
         // call changed: learnt here, before anyone waiting on the call
         // hears of it, so the next reserve already knows.
-        if let (Ok(results), Some((sharding, shard))) = (&mut result, &self.shard)
+        if let (Ok((results, _)), Some((sharding, shard))) = (&mut result, &self.shard)
             && results.len() > ops.len()
             && let Some(Value::Array(heads)) = results.pop()
         {
@@ -306,6 +308,43 @@ impl Call {
         }
         result
     }
+}
+
+/// Sends `cmd`; with `waits` (replicas, timeout in ms), `WAIT` follows it
+/// in one pipeline. `WAIT` counts replicas for its own connection's
+/// writes: sent on its own, a reconnection (the crate's, or the cluster
+/// watchdog's swap) between the two would leave it on a connection with no
+/// writes, answered at once, and the puts acknowledged unconfirmed. A
+/// pipeline goes out whole on one connection (on a cluster, to the node of
+/// the call's key: `WAIT` names no key), or fails whole. A call the
+/// cluster client sends again finds its first reply kept under its token,
+/// and touches that key, a write, so the `WAIT` after it still counts up
+/// to the first run's writes (`lua/batch.lua`).
+async fn query(
+    conn: &mut Conn,
+    cmd: &redis::Cmd,
+    waits: Option<(u32, u64)>,
+) -> Result<(Vec<Value>, Option<RedisResult<i64>>), RedisError> {
+    let Some((replicas, ms)) = waits else {
+        return Ok((cmd.query_async(conn).await?, None));
+    };
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors()
+        .add_command(cmd.clone())
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(ms);
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    let [called, waited]: [Value; 2] = replies.try_into().map_err(|_| {
+        RedisError::from(std::io::Error::other(
+            "a call and its WAIT did not get two replies",
+        ))
+    })?;
+    let results = redis::from_redis_value(called.extract_error()?)?;
+    let acked = waited
+        .extract_error()
+        .and_then(|v| redis::from_redis_value(v).map_err(RedisError::from));
+    Ok((results, Some(acked)))
 }
 
 /// Each operation's reply channel with its part of a call's result.

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::sentinel::SentinelClient;
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
@@ -76,25 +74,6 @@ impl Conn {
                     Err(e) => Err(e),
                 }
             }
-        }
-    }
-}
-
-impl Conn {
-    /// `WAIT replicas ms` on the primary that holds the keys under `tag`:
-    /// how many replicas have the writes made there so far.
-    pub async fn wait(&mut self, tag: &str, replicas: u32, ms: u64) -> RedisResult<i64> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(ms);
-        match self {
-            Conn::Cluster(c) => {
-                let slot = u16::try_from(super::shards::slot(tag.as_bytes())).unwrap_or(0);
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(slot, SlotAddr::Master),
-                ));
-                redis::from_redis_value(c.route(cmd, route).await?).map_err(RedisError::from)
-            }
-            other => cmd.query_async(other).await,
         }
     }
 }
