@@ -120,6 +120,12 @@ pub(super) struct Followed {
 }
 
 /// Whether `e` means the connection in use may no longer reach the primary.
+/// A reply that says the server is a replica now: a primary Sentinel
+/// named was demoted in a failover, and its connection still works.
+fn read_only(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(e) if e.code() == "READONLY")
+}
+
 fn lost_primary(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
@@ -169,10 +175,14 @@ impl Followed {
         Ok(conn)
     }
 
-    fn check<T>(&self, result: RedisResult<T>) -> RedisResult<T> {
-        if let Err(e) = &result
-            && lost_primary(e)
-        {
+    /// Forgets the primary in use if `result` says it is gone or no longer
+    /// the primary; `demoted` looks inside a reply that came back whole.
+    fn check<T>(&self, result: RedisResult<T>, demoted: impl Fn(&T) -> bool) -> RedisResult<T> {
+        let lost = match &result {
+            Err(e) => lost_primary(e),
+            Ok(reply) => demoted(reply),
+        };
+        if lost {
             *self.current.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
         result
@@ -183,7 +193,7 @@ impl Followed {
             Ok(mut c) => c.req_packed_command(cmd).await,
             Err(e) => Err(e),
         };
-        self.check(result)
+        self.check(result, read_only)
     }
 
     async fn commands(
@@ -196,7 +206,9 @@ impl Followed {
             Ok(mut c) => c.req_packed_commands(pipeline, offset, count).await,
             Err(e) => Err(e),
         };
-        self.check(result)
+        // A pipeline's replies come back whole, errors among them (a call
+        // and its WAIT, with `--redis-wait`).
+        self.check(result, |replies| replies.iter().any(read_only))
     }
 }
 
