@@ -49,3 +49,21 @@ async fn durable_with_fsync_every_50ms_survives_sigkill() {
     let keeper = Keeper::dir(&["-f", "50"]);
     killed_and_restarted(keeper, "durable, -f 50", kills, Producers::paced(1)).await;
 }
+
+/// With `-F` (never synced) a reply also leaves once its record is
+/// written: a SIGKILL of delayq loses nothing answered, with several
+/// producers flooding, so that kills land while connections write their
+/// records themselves and the writer thread lingers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn durable_never_synced_survives_sigkill() {
+    let kills = crate::scale(5, 20);
+    let keeper = Keeper::dir(&["-F"]);
+    let producers = Producers::flooding(4, 8);
+    killed_and_restarted(
+        keeper,
+        "durable, -F, 4 producers flooding",
+        kills,
+        producers,
+    )
+    .await;
+}
