@@ -49,6 +49,22 @@ impl Default for Config {
     }
 }
 
+/// `--shards`: how many shards a tube's new jobs go to, `None` for one per
+/// primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spread(pub Option<usize>);
+
+fn parse_shards(s: &str) -> Result<Spread, String> {
+    let most = crate::store::redis::SHARDS;
+    if s == "primaries" {
+        return Ok(Spread(None));
+    }
+    match s.parse::<usize>() {
+        Ok(n) if (1..=most).contains(&n) => Ok(Spread(Some(n))),
+        _ => Err(format!("a number from 1 to {most}, or `primaries`")),
+    }
+}
+
 /// A delay-queue job server speaking beanstalkd's protocol.
 #[derive(Parser, Debug)]
 #[command(
@@ -119,10 +135,13 @@ pub struct Flags {
     )]
     pub redis_sentinel_master: String,
     /// On a Redis Cluster, how many of the 64 shards a tube's new jobs are
-    /// spread over (1 to 64; order and priority hold within a shard). May be
-    /// changed on a running deployment: a job is always found by its id.
-    #[arg(long, value_name = "N", default_value_t = crate::store::redis::DEFAULT_SPREAD, requires = "redis_cluster")]
-    pub shards: usize,
+    /// spread over (1 to 64; order and priority hold within a shard), chosen
+    /// evenly among the primaries; `primaries`: one per primary, following
+    /// the cluster as it grows (fewer, larger calls to Redis, but server ids
+    /// then skip). May be changed on a running deployment: a job is always
+    /// found by its id.
+    #[arg(long, value_name = "N|primaries", default_value = "64", value_parser = parse_shards, requires = "redis_cluster")]
+    pub shards: Spread,
     /// Acknowledge a put only once N replicas of its Redis primary have it
     /// (Redis's WAIT), narrowing what a failover can lose; a put they do not
     /// confirm within --redis-wait-timeout answers INTERNAL_ERROR (the job
@@ -236,12 +255,6 @@ impl Flags {
         if self.fsync_every.is_some() && self.no_fsync {
             return Err("-f and -F contradict each other: sync every MS ms, or never".into());
         }
-        if !(1..=crate::store::redis::SHARDS).contains(&self.shards) {
-            return Err(format!(
-                "--shards must be from 1 to {}",
-                crate::store::redis::SHARDS
-            ));
-        }
         let urls = |list: &str| -> Result<Vec<String>, String> {
             let urls: Vec<String> = list
                 .split(',')
@@ -270,7 +283,7 @@ impl Flags {
                 target,
                 options: crate::store::redis::Options {
                     prefix: self.redis_prefix,
-                    spread: self.shards,
+                    spread: self.shards.0,
                     whole_tubes: self.one_shard_tube,
                     wait: (self.redis_wait > 0)
                         .then_some((self.redis_wait, self.redis_wait_timeout)),
@@ -371,6 +384,25 @@ mod tests {
         assert!(settings(&["--redis-prefix", "a{b"]).is_err());
         assert!(settings(&[]).unwrap().tokens.is_none());
         assert!(settings(&["--tokens", "/no/such/file"]).is_err());
+    }
+
+    #[test]
+    fn shards_are_a_number_or_one_per_primary() {
+        let spread = |extra: &[&str]| {
+            let mut args = vec!["--redis-cluster", "redis://a:1"];
+            args.extend_from_slice(extra);
+            settings(&args).map(|s| match s.engine {
+                Engine::Redis { options, .. } => options.spread,
+                other => panic!("not Redis: {other:?}"),
+            })
+        };
+        assert_eq!(spread(&[]), Ok(Some(64)), "all 64 by default");
+        assert_eq!(spread(&["--shards", "3"]), Ok(Some(3)));
+        assert_eq!(spread(&["--shards", "primaries"]), Ok(None));
+        for bad in ["0", "65", "-1", "many", ""] {
+            assert!(spread(&["--shards", bad]).is_err(), "--shards {bad:?}");
+        }
+        assert!(settings(&["--shards", "3"]).is_err(), "a cluster only");
     }
 
     #[test]

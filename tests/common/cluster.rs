@@ -566,7 +566,7 @@ pub async fn shared_store() -> delayq::store::redis::RedisStore {
         delayq::store::redis::Target::Cluster(seeds.split(',').map(String::from).collect());
     let options = delayq::store::redis::Options {
         prefix: unique_prefix(),
-        spread: delayq::store::redis::DEFAULT_SPREAD,
+        spread: Some(delayq::store::redis::SHARDS),
         whole_tubes: Vec::new(),
         wait: None,
     };

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+};
 use redis::sentinel::SentinelClient;
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
@@ -76,6 +78,68 @@ impl Conn {
             }
         }
     }
+}
+
+impl Conn {
+    /// On a cluster, the primary serving each of `slots` (its node id), as
+    /// a primary's `CLUSTER SLOTS` says; `None` on one Redis.
+    pub async fn primaries_of(&mut self, slots: &[usize]) -> RedisResult<Option<Vec<String>>> {
+        let Conn::Cluster(c) = self else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+        let reply = c.route(cmd, routing).await?;
+        slot_owners(reply, slots).map(Some)
+    }
+}
+
+/// The primary of each of `slots` in a `CLUSTER SLOTS` reply: entries of
+/// the first slot, the last, then the primary as its address and (since
+/// Redis 4) its node id, then its replicas. Named by node id where there is
+/// one, so that a primary keeps its name whatever address it is reached at.
+fn slot_owners(reply: Value, slots: &[usize]) -> RedisResult<Vec<String>> {
+    let bad = |what: &str| RedisError::from((ErrorKind::Parse, "CLUSTER SLOTS", what.to_string()));
+    let Value::Array(entries) = reply else {
+        return Err(bad("not an array"));
+    };
+    let mut ranges = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let Value::Array(fields) = entry else {
+            return Err(bad("an entry that is not an array"));
+        };
+        let [first, last, primary, ..] = &fields[..] else {
+            return Err(bad("an entry without its primary"));
+        };
+        let (first, last): (usize, usize) = (
+            redis::from_redis_value(first.clone())?,
+            redis::from_redis_value(last.clone())?,
+        );
+        let Value::Array(node) = primary else {
+            return Err(bad("a primary that is not an array"));
+        };
+        let name = match &node[..] {
+            [_, _, id, ..] => redis::from_redis_value::<String>(id.clone())?,
+            [host, port] => format!(
+                "{}:{}",
+                redis::from_redis_value::<String>(host.clone())?,
+                redis::from_redis_value::<u16>(port.clone())?
+            ),
+            _ => return Err(bad("a primary without an address")),
+        };
+        ranges.push((first, last, name));
+    }
+    slots
+        .iter()
+        .map(|&slot| {
+            ranges
+                .iter()
+                .find(|(first, last, _)| (*first..=*last).contains(&slot))
+                .map(|(_, _, name)| name.clone())
+                .ok_or_else(|| bad(&format!("slot {slot} has no primary")))
+        })
+        .collect()
 }
 
 impl ConnectionLike for Conn {
@@ -345,5 +409,45 @@ async fn bounded<T>(call: impl Future<Output = RedisResult<T>>) -> RedisResult<T
             std::io::ErrorKind::TimedOut,
             "the Redis Cluster connection gave no answer in time",
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn each_slot_is_named_by_its_primary() {
+        let node =
+            |port: i64, id: &str| Value::Array(vec![text("127.0.0.1"), Value::Int(port), text(id)]);
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node(7000, "aaa"),
+                node(7003, "ddd"),
+            ]),
+            Value::Array(vec![Value::Int(5461), Value::Int(10922), node(7001, "bbb")]),
+            // An old Redis names no node id.
+            Value::Array(vec![
+                Value::Int(10923),
+                Value::Int(16383),
+                Value::Array(vec![text("127.0.0.1"), Value::Int(7002)]),
+            ]),
+        ]);
+        let got = slot_owners(reply.clone(), &[0, 5460, 5461, 16383]).unwrap();
+        assert_eq!(got, ["aaa", "aaa", "bbb", "127.0.0.1:7002"]);
+        // A slot no primary serves (a cluster not fully set up) is an error.
+        let partial = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(100),
+            node(7000, "aaa"),
+        ])]);
+        assert!(slot_owners(partial, &[200]).is_err());
+        assert!(slot_owners(Value::Nil, &[0]).is_err());
     }
 }

@@ -36,7 +36,7 @@ mod shards;
 
 pub use conn::Target;
 pub use library::bench_call;
-pub use shards::{DEFAULT_SPREAD, SHARDS, shard_of_key, shard_tag, slot};
+pub use shards::{SHARDS, shard_of_key, shard_tag, slot};
 
 use batch::{Arg, Op};
 use conn::Conn;
@@ -69,6 +69,9 @@ const KEY_BLOCK: u64 = 256;
 /// On a cluster, how often the control slot hears that this process lives
 /// (and says which others do, and which tubes are paused).
 const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How often a cluster's slot map is asked for, to choose the shards of new
+/// jobs among the primaries (a slot moves rarely: a failover moves none).
+const SLOT_MAP_EVERY: Duration = Duration::from_secs(10);
 
 /// A duration as the functions take it, in whole milliseconds.
 fn millis(d: Duration) -> u64 {
@@ -80,8 +83,9 @@ fn millis(d: Duration) -> u64 {
 pub struct Options {
     /// Prefix of every key (it becomes the keys' hash tag).
     pub prefix: String,
-    /// On a cluster, how many shards a tube's new jobs spread over.
-    pub spread: usize,
+    /// On a cluster, how many shards a tube's new jobs spread over; `None`:
+    /// one per primary.
+    pub spread: Option<usize>,
     /// On a cluster, tubes kept on one shard, for strict order.
     pub whole_tubes: Vec<String>,
     /// Replicas that must have a put before it is acknowledged, and how
@@ -103,6 +107,10 @@ pub struct RedisStore {
     sharding: Option<Arc<Sharding>>,
     /// When the control slot last heard from this process (cluster).
     beat: Mutex<Option<Instant>>,
+    /// The connection, for what is not a function call (the slot map).
+    conn: Conn,
+    /// When the cluster's slot map was last asked for.
+    mapped: Mutex<Option<Instant>>,
     /// This process's block of the cluster-wide key sequence: the next key
     /// and the end.
     keys: tokio::sync::Mutex<(u64, u64)>,
@@ -118,7 +126,7 @@ impl RedisStore {
     pub async fn connect(url: &str, prefix: &str) -> StoreResult<RedisStore> {
         let options = Options {
             prefix: prefix.to_string(),
-            spread: DEFAULT_SPREAD,
+            spread: Some(SHARDS),
             whole_tubes: Vec::new(),
             wait: None,
         };
@@ -202,6 +210,8 @@ impl RedisStore {
             queues,
             sharding,
             beat: Mutex::new(None),
+            conn: conn.clone(),
+            mapped: Mutex::new(None),
             keys: tokio::sync::Mutex::new((0, 0)),
             events: Mutex::new(Some(rx)),
             _listener: stop.drop_guard(),
@@ -482,6 +492,7 @@ impl RedisStore {
             }
             ready.extend(s.set_pauses(known));
             *self.beat.lock().unwrap_or_else(PoisonError::into_inner) = Some(now);
+            self.learn_slot_map(s, now).await;
         }
         let (due, mut next) = s.to_tick(&self.process, now);
         let got = join_all(due.iter().map(|&(shard, _)| {
@@ -1229,24 +1240,63 @@ impl RedisStore {
         self.op_on(shard, Kind::Puts, "import", args).await
     }
 
+    /// Asks for the cluster's slot map if it is time to, and learns from it
+    /// which primary serves each shard. A failure keeps what was known: it
+    /// only decides where new jobs go.
+    async fn learn_slot_map(&self, s: &Sharding, now: Instant) {
+        {
+            let mut mapped = self.mapped.lock().unwrap_or_else(PoisonError::into_inner);
+            if mapped.is_some_and(|last| now.duration_since(last) < SLOT_MAP_EVERY) {
+                return;
+            }
+            *mapped = Some(now);
+        }
+        let slots: Vec<usize> = s.tags[..SHARDS]
+            .iter()
+            .map(|t| slot(t.as_bytes()))
+            .collect();
+        match self.conn.clone().primaries_of(&slots).await {
+            Ok(Some(primaries)) => {
+                if s.set_primaries(&primaries) {
+                    let mut distinct = primaries.clone();
+                    distinct.sort();
+                    distinct.dedup();
+                    tracing::info!(
+                        primaries = distinct.len(),
+                        "learnt which primary serves each shard: new jobs go to shards spread evenly over them"
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the cluster's slot map; new jobs go to the shards chosen before")
+            }
+        }
+    }
+
     /// The next key of this process's block of the cluster-wide sequence
     /// that suits a job of `tube` (any key for a client-chosen id, `None`),
-    /// taking a new block from the control slot when this one runs out.
+    /// taking a new block from the control slot when this one runs out. The
+    /// keys that do not suit are skipped for good: a tube on 3 of the 64
+    /// shards has server ids about 21 apart, in the order of its puts.
     async fn next_key(&self, s: &Sharding, tube: Option<&Tube>) -> StoreResult<u64> {
+        let mask = tube.map_or(u64::MAX, |t| s.mask(t));
         let mut block = self.keys.lock().await;
         loop {
             while block.0 < block.1 {
                 let key = block.0;
                 block.0 += 1;
-                if tube.is_none_or(|t| s.fits(t, key)) {
+                if shards::fits_mask(mask, key) {
                     return Ok(key);
                 }
             }
-            let got = self
-                .op(Kind::Moves, "ids", vec![Arg::Int(KEY_BLOCK)])
-                .await?;
+            // A tube on a few of the shards uses one key in so many: the
+            // block is as much larger, so that a call for keys still comes
+            // once every KEY_BLOCK puts or so.
+            let n = KEY_BLOCK * SHARDS as u64 / u64::from(mask.count_ones().max(1));
+            let got = self.op(Kind::Moves, "ids", vec![Arg::Int(n)]).await?;
             let last: u64 = parse(got)?;
-            *block = (last + 1 - KEY_BLOCK, last + 1);
+            *block = (last + 1 - n, last + 1);
         }
     }
 

@@ -13,9 +13,14 @@
 //!   remainder by [`SHARDS`]; a client-chosen id lives in the shard of its
 //!   slot (the slot Redis would give the id as a key). Uniqueness of a
 //!   client id is checked in that shard, atomically.
-//! * How many shards a tube's new jobs go to (`--shards`) can change at any
-//!   time: it only decides which keys new jobs get, never where a job is
-//!   found.
+//! * How many shards a tube's new jobs go to (`--shards`: all 64 by
+//!   default, or a number, or one per primary) can change at any time: it
+//!   only decides which keys new jobs get, never where a job is found. Fewer
+//!   than 64 are chosen evenly among the primaries that serve them, as the
+//!   cluster's slot map says: every call carries the commands of one shard
+//!   only, so the fewer a tube's shards, the more commands share a call, and
+//!   one per primary still spreads a busy tube over all of them. (The keys
+//!   of the other shards are skipped, so server ids then skip too.)
 //! * The cluster's control slot (the prefix's own tag, as on one Redis) holds
 //!   what is not a job's: the key sequence, the processes alive, the tubes'
 //!   users, pauses.
@@ -41,8 +46,6 @@ use crate::names::{JobId, Tube};
 /// Shards of a cluster deployment. Fixed: a server id says its shard as its
 /// remainder by this number.
 pub const SHARDS: usize = 64;
-/// Shards a tube's new jobs spread over unless `--shards` says otherwise.
-pub const DEFAULT_SPREAD: usize = SHARDS;
 /// Slots in a Redis Cluster.
 const SLOTS: usize = 16_384;
 /// How long (µs of Redis time) a shard's "no ready jobs" is kept, to outweigh
@@ -84,6 +87,52 @@ pub fn shard_tag(prefix: &str, k: usize) -> String {
         .expect("some n gives a slot in every range")
 }
 
+/// Whether `key` (whose remainder by [`SHARDS`] is its shard) is in `mask`.
+pub fn fits_mask(mask: u64, key: u64) -> bool {
+    mask >> (key % SHARDS as u64) & 1 == 1
+}
+
+/// `spread` shards beginning at `home`: with the shards' primaries known,
+/// taken from each primary in turn (a round of one shard from every primary,
+/// each the next of its shards counting from `home`, primaries in the order
+/// their first shard comes), so that they are even over the primaries;
+/// otherwise evenly spaced around the 64, which a cluster whose slots are
+/// split into equal ranges also spreads nearly evenly.
+fn choose(home: usize, spread: usize, primaries: Option<&[usize]>) -> u64 {
+    if spread >= SHARDS {
+        return u64::MAX;
+    }
+    let order = (0..SHARDS).map(|i| (home + i) % SHARDS);
+    let Some(primaries) = primaries else {
+        let stride = SHARDS / spread.max(1);
+        return order
+            .step_by(stride)
+            .take(spread)
+            .fold(0, |m, k| m | 1 << k);
+    };
+    // Each shard's place: its round (how many shards of its primary come
+    // before it), then its primary's place among the primaries.
+    let mut seen = [0usize; SHARDS];
+    let mut first = [usize::MAX; SHARDS];
+    let mut places = [(0usize, 0usize, 0usize); SHARDS];
+    let mut primaries_seen = 0;
+    for (i, k) in order.enumerate() {
+        let p = primaries
+            .get(k)
+            .copied()
+            .unwrap_or_default()
+            .min(SHARDS - 1);
+        if first[p] == usize::MAX {
+            first[p] = primaries_seen;
+            primaries_seen += 1;
+        }
+        places[i] = (seen[p], first[p], k);
+        seen[p] += 1;
+    }
+    places.sort_unstable();
+    places[..spread].iter().fold(0, |m, &(_, _, k)| m | 1 << k)
+}
+
 /// When a shard next needs its tick, as far as this process knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Due {
@@ -106,8 +155,12 @@ struct Head {
 pub(super) struct Sharding {
     /// Every shard's hash tag, then the control slot's.
     pub tags: Vec<String>,
-    /// How many shards a tube's new server-id jobs spread over.
-    spread: usize,
+    /// How many shards a tube's new server-id jobs spread over; `None`: one
+    /// per primary.
+    spread: Option<usize>,
+    /// Per shard, the primary serving it (an index among the primaries), as
+    /// the cluster's slot map last said; `None` until it is known.
+    primaries: Mutex<Option<Vec<usize>>>,
     /// Tubes whose jobs all stay on one shard, for strict order.
     whole: Vec<String>,
     /// Per tube, per shard with ready jobs, the first of them.
@@ -156,12 +209,15 @@ impl Drop for Claim<'_> {
 
 impl Sharding {
     /// The layout of a cluster deployment under `prefix`.
-    pub fn new(prefix: &str, spread: usize, whole: Vec<String>) -> Sharding {
+    /// `spread`: how many shards a tube's new jobs go to, `None` for one per
+    /// primary.
+    pub fn new(prefix: &str, spread: Option<usize>, whole: Vec<String>) -> Sharding {
         let mut tags: Vec<String> = (0..SHARDS).map(|k| shard_tag(prefix, k)).collect();
         tags.push(format!("{{{prefix}}}"));
         Sharding {
             tags,
-            spread: spread.clamp(1, SHARDS),
+            spread: spread.map(|n| n.clamp(1, SHARDS)),
+            primaries: Mutex::new(None),
             whole,
             heads: Mutex::new(HashMap::new()),
             due: Mutex::new(vec![(Due::Unknown, 0); SHARDS]),
@@ -188,29 +244,69 @@ impl Sharding {
         })
     }
 
+    /// Learns which primary serves each shard: `primaries[k]` names shard
+    /// `k`'s (any name that tells primaries apart). True if that changed.
+    pub fn set_primaries(&self, primaries: &[String]) -> bool {
+        let mut names: Vec<&String> = primaries.iter().collect();
+        names.sort();
+        names.dedup();
+        let index: Vec<usize> = primaries
+            .iter()
+            .map(|p| names.binary_search(&p).unwrap_or_default())
+            .collect();
+        let mut known = self
+            .primaries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if known.as_ref() == Some(&index) {
+            return false;
+        }
+        *known = Some(index);
+        true
+    }
+
     /// How many shards `tube`'s jobs are spread over.
     pub fn spread_of(&self, tube: &Tube) -> usize {
+        let primaries = self
+            .primaries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.spread_with(tube, primaries.as_deref())
+    }
+
+    fn spread_with(&self, tube: &Tube, primaries: Option<&[usize]>) -> usize {
         if self.whole.iter().any(|t| t == tube.as_str()) {
-            1
-        } else {
-            self.spread
+            return 1;
+        }
+        match (self.spread, primaries) {
+            (Some(n), _) => n,
+            (None, Some(p)) => p.iter().max().map_or(SHARDS, |&most| most + 1),
+            // Until the slot map is known, every shard: the spread is even
+            // whatever the layout.
+            (None, None) => SHARDS,
         }
     }
 
-    /// Whether a new job of `tube` may have the key `key` (whose remainder
-    /// by [`SHARDS`] is its shard): any key if the tube spreads over every
-    /// shard, else only keys of the tube's shards, which lie evenly spaced
-    /// from its home shard, so that a tube spread over fewer shards than
-    /// there are still reaches every primary.
-    pub fn fits(&self, tube: &Tube, key: u64) -> bool {
-        let spread = self.spread_of(tube);
-        if spread == SHARDS {
-            return true;
-        }
+    /// The shards new jobs of `tube` go to, as a mask (bit `k`: shard `k`):
+    /// taken in turn from each primary, beginning with the tube's home shard
+    /// (the one its name hashes to) and going round, so that each primary
+    /// serves as many of them as another, give or take one, and tubes with
+    /// different homes use different shards.
+    pub fn mask(&self, tube: &Tube) -> u64 {
+        let primaries = self
+            .primaries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let spread = self.spread_with(tube, primaries.as_deref());
         let home = shard_of_slot(slot(tube.as_str().as_bytes()));
-        let offset = (key as usize % SHARDS + SHARDS - home) % SHARDS;
-        let stride = SHARDS / spread;
-        offset.is_multiple_of(stride) && offset / stride < spread
+        choose(home, spread, primaries.as_deref())
+    }
+
+    /// Whether a new job of `tube` may have the key `key` (whose remainder
+    /// by [`SHARDS`] is its shard).
+    #[cfg(test)]
+    pub fn fits(&self, tube: &Tube, key: u64) -> bool {
+        fits_mask(self.mask(tube), key)
     }
 
     /// A job's shard.
@@ -435,7 +531,7 @@ mod tests {
 
     #[test]
     fn every_shard_tag_lies_in_its_own_range() {
-        let s = Sharding::new("delayq:", SHARDS, Vec::new());
+        let s = Sharding::new("delayq:", Some(SHARDS), Vec::new());
         for (k, tag) in s.tags[..SHARDS].iter().enumerate() {
             assert_eq!(shard_of_slot(slot(tag.as_bytes())), k, "{tag}");
             assert_eq!(slot(format!("{tag}jobs").as_bytes()), slot(tag.as_bytes()));
@@ -445,7 +541,7 @@ mod tests {
 
     #[test]
     fn ids_name_their_shard() {
-        let s = Sharding::new("delayq:", SHARDS, Vec::new());
+        let s = Sharding::new("delayq:", Some(SHARDS), Vec::new());
         for n in [1, 64, 65, 127, 1 << 40] {
             assert_eq!(s.locate(&JobId::Server(n)), (n % 64) as usize);
         }
@@ -456,20 +552,90 @@ mod tests {
 
     #[test]
     fn keys_fit_the_shards_of_their_tube() {
-        let s = Sharding::new("delayq:", 16, vec!["fifo".into()]);
+        let s = Sharding::new("delayq:", Some(16), vec!["fifo".into()]);
         let orders = Tube::parse(b"orders").unwrap();
         let fitting: Vec<u64> = (0..64).filter(|&k| s.fits(&orders, k)).collect();
         assert_eq!(fitting.len(), 16);
         assert!(fitting.windows(2).all(|w| w[1] - w[0] == 4));
         let fifo = Tube::parse(b"fifo").unwrap();
         assert_eq!((0..640).filter(|&k| s.fits(&fifo, k)).count(), 10);
-        let all = Sharding::new("delayq:", SHARDS, Vec::new());
+        let all = Sharding::new("delayq:", Some(SHARDS), Vec::new());
         assert!((0..64).all(|k| all.fits(&orders, k)));
+    }
+
+    /// Each shard's primary when the cluster's slots are split into `n`
+    /// equal ranges, as `redis-cli --cluster create` splits them.
+    fn ranges(prefix: &str, n: usize) -> Vec<String> {
+        (0..SHARDS)
+            .map(|k| {
+                let slot = slot(shard_tag(prefix, k).as_bytes());
+                format!("node{}", slot * n / SLOTS)
+            })
+            .collect()
+    }
+
+    /// How many of `mask`'s shards each primary of `primaries` serves.
+    fn per_primary(mask: u64, primaries: &[String]) -> HashMap<String, usize> {
+        let mut per = HashMap::new();
+        for k in (0..SHARDS).filter(|&k| fits_mask(mask, k as u64)) {
+            *per.entry(primaries[k].clone()).or_insert(0) += 1;
+        }
+        per
+    }
+
+    #[test]
+    fn one_per_primary_gives_a_tube_one_shard_on_each() {
+        let s = Sharding::new("delayq:", None, vec!["fifo".into()]);
+        let orders = Tube::parse(b"orders").unwrap();
+        // Until the slot map is known, every shard.
+        assert_eq!(s.mask(&orders), u64::MAX);
+        for n in [1, 2, 3, 5, 7] {
+            let primaries = ranges("delayq:", n);
+            s.set_primaries(&primaries);
+            assert_eq!(s.spread_of(&orders), n);
+            let per = per_primary(s.mask(&orders), &primaries);
+            assert_eq!(per.len(), n, "{n} primaries: {per:?}");
+            assert!(per.values().all(|&c| c == 1), "{n} primaries: {per:?}");
+            // The tube's home shard is among them.
+            let home = shard_of_key(b"orders");
+            assert!(s.fits(&orders, home as u64));
+        }
+        // A tube kept whole stays on its one shard.
+        let fifo = Tube::parse(b"fifo").unwrap();
+        assert_eq!(s.mask(&fifo), 1 << shard_of_key(b"fifo"));
+    }
+
+    #[test]
+    fn shards_are_chosen_evenly_over_uneven_primaries() {
+        // One primary serves most shards (say, after a reshard).
+        let primaries: Vec<String> = (0..SHARDS)
+            .map(|k| ["a", "b", "c"][usize::from(k >= 40) + usize::from(k >= 52)].to_string())
+            .collect();
+        let s = Sharding::new("delayq:", Some(7), Vec::new());
+        assert!(s.set_primaries(&primaries));
+        assert!(
+            !s.set_primaries(&primaries),
+            "the same map again changes nothing"
+        );
+        for tube in ["orders", "refunds", "x"] {
+            let mask = s.mask(&Tube::parse(tube.as_bytes()).unwrap());
+            assert_eq!(mask.count_ones(), 7);
+            let mut counts: Vec<usize> = per_primary(mask, &primaries).into_values().collect();
+            counts.sort_unstable();
+            assert_eq!(counts, [2, 2, 3], "{tube}");
+        }
+        // More shards than the smaller primaries serve: the rest from the
+        // one with more.
+        let s = Sharding::new("delayq:", Some(40), Vec::new());
+        s.set_primaries(&primaries);
+        let mask = s.mask(&Tube::parse(b"orders").unwrap());
+        let per = per_primary(mask, &primaries);
+        assert_eq!((per["a"], per["b"], per["c"]), (16, 12, 12));
     }
 
     #[test]
     fn candidates_are_the_best_heads_and_old_news_is_ignored() {
-        let s = Sharding::new("p", SHARDS, Vec::new());
+        let s = Sharding::new("p", Some(SHARDS), Vec::new());
         let (a, b) = (Tube::parse(b"a").unwrap(), Tube::parse(b"b").unwrap());
         s.head(3, 100, &a, Some((5, 30)));
         s.head(7, 100, &b, Some((5, 20)));
