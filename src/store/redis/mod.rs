@@ -1244,6 +1244,9 @@ impl RedisStore {
     /// which primary serves each shard. A failure keeps what was known: it
     /// only decides where new jobs go.
     async fn learn_slot_map(&self, s: &Sharding, now: Instant) {
+        if !s.chooses() {
+            return;
+        }
         {
             let mut mapped = self.mapped.lock().unwrap_or_else(PoisonError::into_inner);
             if mapped.is_some_and(|last| now.duration_since(last) < SLOT_MAP_EVERY) {

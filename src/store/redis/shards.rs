@@ -265,6 +265,12 @@ impl Sharding {
         true
     }
 
+    /// Whether tubes spread over fewer than all the shards, chosen by the
+    /// slot map.
+    pub fn chooses(&self) -> bool {
+        self.spread.is_none_or(|n| n < SHARDS)
+    }
+
     /// How many shards `tube`'s jobs are spread over.
     pub fn spread_of(&self, tube: &Tube) -> usize {
         let primaries = self
