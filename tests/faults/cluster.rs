@@ -153,16 +153,21 @@ struct PrimaryKilled {
 }
 
 /// A 3-primary cluster with a replica each, one delayq process (with
-/// `--redis-wait 1` if `wait`), two producers and two workers keeping the
+/// `--redis-wait 1` if `wait`, and `extra` flags), two producers and two workers keeping the
 /// ledger; a few seconds in, the primary serving the control slot (and a
 /// third of the shards) is killed with SIGKILL, its replica takes over, and
 /// the killed node is started again on its own data (it comes back as a
 /// replica; without it, a put with `--redis-wait 1` could never again be
 /// confirmed on that primary's shards). A probe puts on the killed
 /// primary's shards throughout, to time the outage.
-async fn primary_killed_under_load(wait: bool) -> PrimaryKilled {
+async fn primary_killed_under_load(wait: bool, extra: &[&str]) -> PrimaryKilled {
     let per_producer = crate::scale(800, 4000);
-    let name = if wait { "waited" } else { "unwaited" };
+    let name = match (wait, extra.is_empty()) {
+        (true, true) => "waited",
+        (false, true) => "unwaited",
+        (true, false) => "waited-flags",
+        (false, false) => "unwaited-flags",
+    };
     let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
     let (owners, victim) = blocking(&cluster, |c| layout(c, PREFIX)).await;
     let shards = owners.iter().filter(|&&o| o == victim).count();
@@ -171,6 +176,7 @@ async fn primary_killed_under_load(wait: bool) -> PrimaryKilled {
     if wait {
         args.extend(["--redis-wait", "1"]);
     }
+    args.extend(extra);
     let mut daemon = Daemon::start(&args).await;
     let (_tx, endpoint) = watch::channel(Some(daemon.addr));
     let ledger = Arc::new(Ledger::default());
@@ -311,8 +317,20 @@ fn report(how: &str, run: &PrimaryKilled, took: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_under_load_loses_nothing_acknowledged_with_wait() {
     let started = Instant::now();
-    let run = primary_killed_under_load(true).await;
+    let run = primary_killed_under_load(true, &[]).await;
     report("--redis-wait 1", &run, started.elapsed());
+    assert!(run.summary.lost.is_empty(), "{:?}", run.summary);
+}
+
+/// The same with a tube on one shard per primary (`--shards primaries`):
+/// the jobs' shards are chosen from the slot map, which the failover
+/// changes (another node serves the killed primary's slots), and nothing
+/// acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_primary_killed_under_load_loses_nothing_with_one_shard_per_primary() {
+    let started = Instant::now();
+    let run = primary_killed_under_load(true, &["--shards", "primaries"]).await;
+    report("--redis-wait 1 --shards primaries", &run, started.elapsed());
     assert!(run.summary.lost.is_empty(), "{:?}", run.summary);
 }
 
@@ -322,7 +340,7 @@ async fn a_primary_killed_under_load_loses_nothing_acknowledged_with_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_under_load_without_wait_reports_its_loss() {
     let started = Instant::now();
-    let run = primary_killed_under_load(false).await;
+    let run = primary_killed_under_load(false, &[]).await;
     report("no --redis-wait", &run, started.elapsed());
 }
 
