@@ -11,6 +11,7 @@ use crate::support::SEC;
 
 backend_tests!(
     reserve_batch_takes_jobs_in_reserve_order,
+    reserve_batch_keeps_to_priority_over_a_backlog,
     reserve_batch_jobs_each_run_on_their_own_ttr,
     blocked_reserve_batch_is_answered_by_a_put,
     reserve_batch_with_nothing_ready_times_out,
@@ -74,6 +75,51 @@ async fn state(c: &mut Client, id: &str) -> String {
     let doc = c.read_exact(len + 2).await;
     let doc = String::from_utf8(doc[..len].to_vec()).expect("YAML is UTF-8");
     crate::common::Yaml::parse(&doc).get("state").to_string()
+}
+
+/// Over a backlog larger than a cluster has shards (so that a shard holds
+/// several ready jobs, of different priorities), `reserve-batch` still
+/// takes the most urgent jobs, in priority order, oldest first within a
+/// priority (on a cluster: oldest first within a priority per shard, as
+/// `reserve` itself).
+async fn reserve_batch_keeps_to_priority_over_a_backlog(backend: Backend) {
+    const JOBS: u32 = 150;
+    let server = TestServer::start(backend).await;
+    let mut c = server.client().await;
+    assert_eq!(c.cmd("use backlog").await, "USING backlog");
+    assert_eq!(c.cmd("watch backlog").await, "WATCHING 2");
+    assert_eq!(c.cmd("ignore default").await, "WATCHING 1");
+    let mut pri_of = std::collections::HashMap::new();
+    for n in 0..JOBS {
+        let pri = [2, 0, 1][n as usize % 3];
+        let id = c.put_ok(pri, 0, 60, format!("job {n}").as_bytes()).await;
+        pri_of.insert(id.to_string(), (pri, id));
+    }
+    let line = c.cmd("reserve-batch 100").await;
+    let got: Vec<(u32, u64)> = read_batch(&mut c, &line)
+        .await
+        .iter()
+        .map(|job| pri_of[&job.id])
+        .collect();
+    assert_eq!(got.len(), 100, "{line}");
+    let pris: Vec<u32> = got.iter().map(|g| g.0).collect();
+    assert!(
+        pris.windows(2).all(|w| w[0] <= w[1]),
+        "priority order: {pris:?}"
+    );
+    // The 50 jobs of priority 0 and the 50 of priority 1, none of 2.
+    assert_eq!(pris.iter().filter(|&&p| p == 0).count(), 50, "{pris:?}");
+    assert_eq!(pris.iter().filter(|&&p| p == 1).count(), 50, "{pris:?}");
+    if backend != Backend::Cluster {
+        let mut want = got.clone();
+        want.sort_unstable();
+        assert_eq!(got, want, "oldest first within a priority");
+    }
+    // The rest, the 50 of priority 2, in a second batch.
+    let line = c.cmd("reserve-batch 100").await;
+    let rest = read_batch(&mut c, &line).await;
+    assert_eq!(rest.len(), 50, "{line}");
+    assert!(rest.iter().all(|job| pri_of[&job.id].0 == 2));
 }
 
 /// `reserve-batch 3` takes the three most urgent of five ready jobs in

@@ -15,7 +15,7 @@ local ARITY = {
   tick = 2, tube_ref = 4, peek = 2, stats_job = 1, stats_tube = 1, stats = 0,
   list_tubes = 0, inventory = 0, live = 0, pauses = 0, firsts = 3, ids = 1,
   forget_births = 1, forget_counts = 1, set_tube = 2, tube_settings = 1,
-  reserve_many = 3, delete_many = 3, set_schedule = 3, schedules = 0,
+  reserve_many = 4, delete_many = 3, set_schedule = 3, schedules = 0,
   export = 2, import = 20, claim_key = 1, all_settings = 0,
 }
 

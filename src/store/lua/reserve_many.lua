@@ -1,17 +1,28 @@
 -- reserve-many: take up to `count` jobs at once, each as `reserve` would,
 -- in the order it would take them one by one.
--- Args: owner, the tubes separated by spaces, the most to take
+-- Args: owner, the tubes separated by spaces, the most to take, and the
+-- least urgent priority to take ('' for any): on a shard of a cluster, the
+-- priority of the best job another shard has, so that a batch taken from
+-- several shards keeps to priority order (see `reserve_sharded`)
 -- Returns a list of {id, tube, body, ttr}, possibly empty.
-OPS.reserve_many = function(owner, tubes, most)
-  most = tonumber(most)
+OPS.reserve_many = function(owner, tubes, most, upto)
+  most, upto = tonumber(most), tonumber(upto)
   local one = not string.find(tubes, ' ', 1, true)
   if one and not paused(tubes) and rate_of(tubes) == nil then
-    -- One tube with no rate to count: the jobs are popped, read, held and
+    -- One tube with no rate to count: the jobs are taken, read, held and
     -- written back in one command each, not one per job.
     local tube = tubes
-    local popped = redis.call('ZPOPMIN', tube_key('ready', tube), most)
+    local ready = tube_key('ready', tube)
     local keys = {}
-    for i = 1, #popped, 2 do keys[#keys + 1] = popped[i] end
+    if upto == nil then
+      local popped = redis.call('ZPOPMIN', ready, most)
+      for i = 1, #popped, 2 do keys[#keys + 1] = popped[i] end
+    else
+      -- The ready set's score is the priority; members of one score are in
+      -- key order, which is FIFO order.
+      keys = redis.call('ZRANGE', ready, '-inf', upto, 'BYSCORE', 'LIMIT', 0, most)
+      if #keys > 0 then redis.call('ZREM', ready, unpack(keys)) end
+    end
     if #keys == 0 then return {} end
     local raws = redis.call('HMGET', P .. 'jobs', unpack(keys))
     local out, deadlines, saved, first = {}, {}, {}, nil
@@ -35,6 +46,10 @@ OPS.reserve_many = function(owner, tubes, most)
   end
   local out = {}
   for _ = 1, most do
+    if upto ~= nil and one then
+      local first = redis.call('ZRANGE', tube_key('ready', tubes), 0, 0, 'WITHSCORES')
+      if first[2] == nil or tonumber(first[2]) > upto then break end
+    end
     local got = OPS.reserve(owner, tubes)
     if not got then break end
     out[#out + 1] = got

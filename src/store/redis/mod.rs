@@ -346,15 +346,20 @@ impl RedisStore {
         max: usize,
     ) -> StoreResult<Vec<Reserved>> {
         self.rescan(s).await?;
+        // Shards (per tube) that had nothing, or failed: not asked again.
         let mut tried: Vec<(usize, Tube)> = Vec::new();
         let (mut failed, mut answered) = (None, false);
         let mut out = Vec::new();
         loop {
-            let untried: Vec<(usize, Tube)> = s
+            let heads: Vec<(u64, usize, Tube)> = s
                 .candidates(tubes)
                 .into_iter()
                 .filter(|(_, _, shard, t)| !tried.iter().any(|(s, u)| s == shard && u == t))
-                .map(|(_, _, shard, t)| (shard, t))
+                .map(|(pri, _, shard, t)| (pri, shard, t))
+                .collect();
+            let untried: Vec<(usize, Tube)> = heads
+                .iter()
+                .map(|(_, shard, t)| (*shard, t.clone()))
                 .collect();
             // Concurrent reserves each take the best first job no other is
             // after, rather than all racing for the one best (which only
@@ -367,12 +372,25 @@ impl RedisStore {
                     _ => Ok(out),
                 };
             };
+            // A batch takes from this shard only jobs as urgent as the best
+            // another shard has, so that it keeps to priority order across
+            // shards; the shard is asked again once the others' turn is over
+            // (its news says what it has left). Within one priority, a shard's
+            // jobs come together, oldest first.
+            let upto = heads
+                .iter()
+                .filter(|(_, k, u)| !(*k == shard && *u == t))
+                .map(|(pri, _, _)| *pri)
+                .min();
             let names = Arg::Tube(t.clone());
             match self
-                .reserve_in(shard, conn, names, max - out.len(), tubes)
+                .reserve_in(shard, conn, names, max - out.len(), upto, tubes)
                 .await
             {
-                Ok(got) if got.is_empty() => answered = true,
+                Ok(got) if got.is_empty() => {
+                    answered = true;
+                    tried.push((shard, t));
+                }
                 Ok(got) => {
                     out.extend(
                         got.into_iter()
@@ -381,21 +399,29 @@ impl RedisStore {
                     if out.len() >= max {
                         return Ok(out);
                     }
+                    if upto.is_none() {
+                        // No other shard had a job: this one gave what it had.
+                        tried.push((shard, t));
+                    }
                 }
-                Err(e) => failed = Some(e),
+                Err(e) => {
+                    failed = Some(e);
+                    tried.push((shard, t));
+                }
             }
-            tried.push((shard, t));
         }
     }
 
     /// Reserves up to `max` jobs of `names` (tubes, separated by spaces) in
-    /// one call to `shard`; `tubes` are names already known.
+    /// one call to `shard`, with `upto`, of one tube only those of that
+    /// priority or more urgent; `tubes` are names already known.
     async fn reserve_in(
         &self,
         shard: usize,
         conn: ConnId,
         names: Arg,
         max: usize,
+        upto: Option<u64>,
         tubes: &[Tube],
     ) -> StoreResult<Vec<Reserved>> {
         if max == 1 {
@@ -405,7 +431,8 @@ impl RedisStore {
             let got = self.op_on(shard, Kind::Moves, "reserve", args).await?;
             return Ok(reserved(got, tubes)?.into_iter().collect());
         }
-        let args = vec![Arg::Owner(conn), names, Arg::Int(max as u64)];
+        let upto = upto.map_or(Arg::Static(""), Arg::Int);
+        let args = vec![Arg::Owner(conn), names, Arg::Int(max as u64), upto];
         let got = self.op_on(shard, Kind::Moves, "reserve_many", args).await?;
         let got: Vec<Value> = parse(got)?;
         got.into_iter()
@@ -634,7 +661,7 @@ impl Store for RedisStore {
             [one] => Arg::Tube(one.clone()),
             _ => Arg::Text(tubes.iter().map(Tube::as_str).collect::<Vec<_>>().join(" ")),
         };
-        self.reserve_in(self.control(), conn, names, max, tubes)
+        self.reserve_in(self.control(), conn, names, max, None, tubes)
             .await
     }
 
