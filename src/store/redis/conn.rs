@@ -183,13 +183,13 @@ pub(super) struct Followed {
     current: Arc<Mutex<Option<MultiplexedConnection>>>,
 }
 
-/// Whether `e` means the connection in use may no longer reach the primary.
 /// A reply that says the server is a replica now: a primary Sentinel
 /// named was demoted in a failover, and its connection still works.
 fn read_only(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(e) if e.code() == "READONLY")
 }
 
+/// Whether `e` means the connection in use may no longer reach the primary.
 fn lost_primary(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
