@@ -31,6 +31,7 @@ mod files;
 mod keeper;
 mod record;
 mod recovery;
+mod waiters;
 mod writer;
 
 pub use writer::SyncPolicy;
@@ -44,6 +45,7 @@ use crate::store::memory::{MemoryStore, State};
 use append::Appender;
 use files::{HEADER, Kind, header, log_path, sync_dir};
 use keeper::Source;
+use waiters::{Ended, Waiters};
 use writer::{Marks, Shared, Spare};
 
 /// The durable embedded engine.
@@ -87,9 +89,9 @@ impl Options {
 pub struct Wal {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
-    /// The writer's marks as the connections waiting on them see them,
-    /// passed on by [`relay_marks`].
-    public: Arc<watch::Sender<Marks>>,
+    /// The connections waiting for their records, woken as the writer's
+    /// marks, passed on by [`relay_marks`], reach them.
+    public: Arc<Waiters>,
     /// The task that passes them on, started by the first connection to
     /// wait (it needs the runtime, which `open` may run outside of).
     relay: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -248,7 +250,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
             .spawn(move || keeper::run(shared, source, next_spare))
             .map_err(|e| format!("cannot start the log keeper: {e}"))?
     };
-    let public = Arc::new(watch::Sender::new(shared.marks.borrow().clone()));
+    let public = Arc::new(Waiters::new(shared.marks.borrow().synced));
     let wal = Wal {
         shared,
         threads: vec![writer, keeper],
@@ -284,26 +286,17 @@ impl Wal {
 /// the writer wakes, and its wake-ups of the connections, from inside the
 /// runtime, are cheap. It passes on only what a waiter can be waiting for
 /// (`synced` under the default policy, else `written`, and a failure).
-async fn relay_marks(
-    mut raw: watch::Receiver<Marks>,
-    public: Arc<watch::Sender<Marks>>,
-    synced: bool,
-) {
+async fn relay_marks(mut raw: watch::Receiver<Marks>, public: Arc<Waiters>, synced: bool) {
     loop {
         let m = raw.borrow_and_update().clone();
-        public.send_if_modified(|p| {
-            let moved = if synced {
-                m.synced > p.synced
-            } else {
-                m.written > p.written
-            };
-            let failed = m.failed.is_some() && p.failed.is_none();
-            if moved || failed {
-                *p = m;
-            }
-            moved || failed
-        });
+        // Before the failure: a record made safe before the log failed is
+        // still answered as made.
+        public.reach(if synced { m.synced } else { m.written });
+        if let Some(why) = m.failed {
+            public.fail(why);
+        }
         if raw.changed().await.is_err() {
+            public.close();
             return;
         }
     }
@@ -318,11 +311,7 @@ fn reached(shared: &Shared, m: &Marks, upto: u64) -> bool {
 }
 
 /// Waits until the records up to `upto` are safe, or the log has failed.
-async fn wait_safe(
-    shared: Arc<Shared>,
-    public: Arc<watch::Sender<Marks>>,
-    upto: u64,
-) -> StoreResult<()> {
+async fn wait_safe(shared: Arc<Shared>, public: Arc<Waiters>, upto: u64) -> StoreResult<()> {
     if !matches!(shared.policy, SyncPolicy::Always) {
         // With -f or -F a change is safe once the kernel has it: write
         // it from here rather than wait for the writer thread to wake
@@ -340,16 +329,12 @@ async fn wait_safe(
             return Ok(());
         }
     }
-    let mut marks = public.subscribe();
-    let m = marks
-        .wait_for(|m| reached(&shared, m, upto) || m.failed.is_some())
-        .await
-        .map_err(|_| StoreError::Unavailable("the log writer has stopped".into()))?;
-    match &m.failed {
-        Some(why) if !reached(&shared, &m, upto) => Err(StoreError::Unavailable(format!(
+    match public.wait(upto).await {
+        Ended::Reached => Ok(()),
+        Ended::Failed(why) => Err(StoreError::Unavailable(format!(
             "the change could not be made safe: {why}"
         ))),
-        _ => Ok(()),
+        Ended::Closed => Err(StoreError::Unavailable("the log writer has stopped".into())),
     }
 }
 
@@ -433,5 +418,11 @@ impl Drop for Wal {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+        // The relay is gone: what the writer made safe while stopping is
+        // passed on here, and nothing moves after.
+        let m = self.shared.marks.borrow().clone();
+        let synced = matches!(self.shared.policy, SyncPolicy::Always);
+        self.public.reach(if synced { m.synced } else { m.written });
+        self.public.close();
     }
 }
