@@ -11,6 +11,7 @@ mod common;
 
 mod damage;
 mod disk;
+mod failure;
 mod order;
 mod recycle;
 mod restart;

@@ -162,6 +162,13 @@ impl Journal for Appender<'_> {
         let _ = self.append(&record, Class::Note);
     }
 
+    fn refusing(&self) -> Option<StoreError> {
+        self.buf
+            .failed
+            .as_ref()
+            .map(|why| StoreError::Unavailable(format!("the log takes no changes: {why}")))
+    }
+
     fn forget(&mut self, job: &JobImage<'_>) {
         if self
             .append(&Record::Delete(job.meta.key), Class::Forget)

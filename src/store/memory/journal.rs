@@ -12,7 +12,7 @@
 use std::future::Future;
 
 use crate::clock::Micros;
-use crate::error::StoreResult;
+use crate::error::{StoreError, StoreResult};
 use crate::job::{JobCounters, Lifecycle, LogStats};
 
 /// A job's state as it is kept: reserved jobs are kept as such only for
@@ -141,9 +141,18 @@ pub trait Journal {
     /// way); skipped when room is short.
     fn note(&mut self, record: Record<'_>);
 
-    /// Records that `job` is gone. Never refused: the room for it was set
-    /// aside when the job was put.
+    /// Records that `job` is gone. Never refused for want of room: the room
+    /// for it was set aside when the job was put.
     fn forget(&mut self, job: &JobImage<'_>);
+
+    /// Why the log takes no more changes at all, if it has failed. A change
+    /// answered only once it is safe is then refused before it is made:
+    /// made in memory, it would outlive a restart in no form, and a delete
+    /// (whose record is never refused) would be answered `DELETED` for a
+    /// job that comes back.
+    fn refusing(&self) -> Option<StoreError> {
+        None
+    }
 }
 
 /// A log behind the embedded engine.

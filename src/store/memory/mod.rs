@@ -35,7 +35,7 @@ use crate::job::{
 };
 use crate::names::{JobId, Tube};
 use crate::store::{ConnId, Store, Tick, TubeRef};
-use journal::{Log, Volatile, Written};
+use journal::{Journal, Log, Volatile, Written};
 
 /// The embedded storage engine; in memory only unless given a log.
 pub struct MemoryStore<L: Log = Volatile> {
@@ -105,7 +105,12 @@ impl<L: Log> MemoryStore<L> {
                 let mut state = self.lock();
                 let now = self.clock.now();
                 let mut journal = self.log.journal();
-                let out = f(&mut state, now, &mut journal);
+                // The journal holds the log's buffer, so the log cannot
+                // fail between this look and the transition's records.
+                let out = match journal.refusing() {
+                    Some(e) if reply == Reply::WhenSafe => Err(e),
+                    _ => f(&mut state, now, &mut journal),
+                };
                 (out, journal.written())
             };
             if matches!(out, Err(StoreError::OutOfMemory)) && self.log.wait_for_room().await {
