@@ -27,6 +27,9 @@ use crate::store::Store;
 
 /// How long shutdown waits for connections to finish what is in flight.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Longest the server waits for its first timer pass before it accepts.
+const FIRST_TICK_WAIT: Duration = Duration::from_secs(1);
 /// What a connection over the limit is told before it is closed.
 const TOO_MANY: &[u8] = b"TOO_MANY_CONNECTIONS\r\n";
 /// What it is told over TLS: nothing. The refusal would have to be
@@ -76,6 +79,13 @@ pub async fn run_with_http<S: Store>(
         let shutdown = control.shutdown.clone();
         tracker.spawn(async move { crate::http::serve(http, shared, shutdown).await });
     }
+    // What fell due while the server was down (a restart of the durable
+    // engine, jobs due during the outage) is ready before the first command
+    // is read: a `reserve-with-timeout 0` at once gets it, rather than race
+    // the timer's first pass. Connections wait in the listener's backlog
+    // meanwhile. Bounded, so that a shared store that does not answer
+    // delays nothing longer than that; the timer below tries again.
+    let _ = tokio::time::timeout(FIRST_TICK_WAIT, shared.broker.tick()).await;
     {
         let shared = shared.clone();
         let shutdown = control.shutdown.clone();

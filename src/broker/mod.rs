@@ -420,6 +420,11 @@ impl<S: Store> Broker<S> {
         self.waiters.take(waiter).is_some()
     }
 
+    /// Whether something has fallen due that the timer has not moved yet.
+    pub fn timer_behind(&self) -> bool {
+        self.alarm.overdue()
+    }
+
     /// Moves what has fallen due and hands it out. Returns the time until
     /// the next due time, if anything is pending.
     pub async fn tick(&self) -> StoreResult<Option<Duration>> {

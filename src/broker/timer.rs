@@ -64,6 +64,13 @@ impl Alarm {
         self.instant(at)
     }
 
+    /// Whether the next due time the timer knows of has passed (the timer
+    /// is behind: a busy server, or it has not looked yet since a restart).
+    pub fn overdue(&self) -> bool {
+        let at = self.next.load(Ordering::Acquire);
+        at != u64::MAX && self.instant(at) <= Instant::now()
+    }
+
     fn instant(&self, at: u64) -> Instant {
         self.epoch + Duration::from_micros(at)
     }
@@ -219,5 +226,24 @@ impl PreciseSleep {
     /// Sleeps until `at`, to the millisecond.
     pub async fn until(&mut self, at: Instant) {
         tokio::time::sleep_until(at).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overdue_once_the_next_due_time_has_passed_and_not_while_unknown() {
+        let alarm = Alarm::new();
+        assert!(!alarm.overdue(), "nothing scheduled");
+        alarm.schedule(Duration::from_millis(20));
+        assert!(!alarm.overdue(), "due in the future");
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(alarm.overdue(), "due time passed, the timer has not looked");
+        alarm.forget();
+        assert!(!alarm.overdue(), "mid-tick: the timer is looking");
+        alarm.expect(Duration::from_secs(60));
+        assert!(!alarm.overdue());
     }
 }

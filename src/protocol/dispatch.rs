@@ -304,7 +304,17 @@ impl<S: Store> Session<S> {
         {
             Reply::DeadlineSoon
         } else if timeout == Some(0) {
-            Reply::TimedOut
+            // With the timer behind, a job may have fallen due that it has
+            // not moved yet: moved now and looked for once more, as
+            // beanstalkd moves due jobs before it answers a command.
+            let broker = self.broker();
+            if broker.timer_behind() && broker.tick().await.is_ok() {
+                self.reserve_now(&tubes, batch)
+                    .await?
+                    .unwrap_or(Reply::TimedOut)
+            } else {
+                Reply::TimedOut
+            }
         } else {
             return Ok(Outcome::Wait {
                 tubes,
