@@ -83,9 +83,16 @@ pub async fn run_with_http<S: Store>(
     // engine, jobs due during the outage) is ready before the first command
     // is read: a `reserve-with-timeout 0` at once gets it, rather than race
     // the timer's first pass. Connections wait in the listener's backlog
-    // meanwhile. Bounded, so that a shared store that does not answer
-    // delays nothing longer than that; the timer below tries again.
-    let _ = tokio::time::timeout(FIRST_TICK_WAIT, shared.broker.tick()).await;
+    // meanwhile. The wait is bounded, so that a shared store that does not
+    // answer delays nothing longer; the pass itself runs on to its end in
+    // its own task (a store call is not cut off halfway).
+    let first = {
+        let shared = shared.clone();
+        tracker.spawn(async move {
+            let _ = shared.broker.tick().await;
+        })
+    };
+    let _ = tokio::time::timeout(FIRST_TICK_WAIT, first).await;
     {
         let shared = shared.clone();
         let shutdown = control.shutdown.clone();

@@ -147,9 +147,9 @@ pub trait Journal {
 
     /// Why the log takes no more changes at all, if it has failed. A change
     /// answered only once it is safe is then refused before it is made:
-    /// made in memory, it would outlive a restart in no form, and a delete
-    /// (whose record is never refused) would be answered `DELETED` for a
-    /// job that comes back.
+    /// made in memory with nothing on disk, a restart would undo it, and a
+    /// delete (whose record is never refused) would take away a job that
+    /// comes back after a restart.
     fn refusing(&self) -> Option<StoreError> {
         None
     }
