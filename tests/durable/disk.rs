@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::Client;
 use crate::common::daemon::Daemon;
+use crate::mounted_or_skipped;
 
 /// A tmpfs mounted for one test, unmounted when dropped.
 struct Tmpfs {
@@ -54,17 +55,8 @@ fn allocated(dir: &Path) -> u64 {
 /// acknowledged job is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_puts_and_recovers_by_itself() {
-    let fs = match Tmpfs::mount("3m") {
-        Ok(fs) => fs,
-        Err(why) => {
-            // Mounting needs CAP_SYS_ADMIN: CI runs as root, where it works.
-            assert!(
-                unsafe { libc::geteuid() } != 0,
-                "root could not mount a tmpfs: {why}"
-            );
-            eprintln!("skipped: cannot mount a tmpfs without root: {why}");
-            return;
-        }
+    let Some(fs) = mounted_or_skipped(Tmpfs::mount("3m"), "a tmpfs") else {
+        return;
     };
     // Room to free later.
     let filler = fs.path.join("filler");

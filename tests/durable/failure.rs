@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::daemon::Daemon;
+use crate::mounted_or_skipped;
 
 /// An ext4 file system in an image file, mounted for one test on a loop
 /// device; unmounted when dropped (the loop device goes with it).
@@ -115,17 +116,8 @@ async fn a_failing_file_system_stops_changes_and_keeps_what_was_acknowledged() {
         eprintln!("skipped: this kernel has no loop devices");
         return;
     }
-    let fs = match Ext4::mount(64) {
-        Ok(fs) => fs,
-        Err(why) => {
-            // Mounting needs CAP_SYS_ADMIN: CI runs as root, where it works.
-            assert!(
-                unsafe { libc::geteuid() } != 0,
-                "root could not mount an ext4 image: {why}"
-            );
-            eprintln!("skipped: cannot mount without root: {why}");
-            return;
-        }
+    let Some(fs) = mounted_or_skipped(Ext4::mount(64), "an ext4 image") else {
+        return;
     };
     let data = fs.path().join("data");
     let mut daemon = Daemon::durable(&data, &[]).await;

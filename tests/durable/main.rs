@@ -23,6 +23,22 @@ use std::time::Duration;
 
 use common::daemon::{BIN, free_port, wait_exit};
 
+/// A file system mounted for one test, or `None` (the reason printed)
+/// where this user may not mount one. Mounting needs CAP_SYS_ADMIN: as
+/// root (CI runs as root) a failure to mount is an error, not a skip.
+pub fn mounted_or_skipped<T>(mounted: Result<T, String>, what: &str) -> Option<T> {
+    match mounted {
+        Ok(fs) => Some(fs),
+        Err(why) => {
+            // SAFETY: geteuid takes nothing and cannot fail.
+            let root = unsafe { libc::geteuid() } == 0;
+            assert!(!root, "root could not mount {what}: {why}");
+            eprintln!("skipped: cannot mount {what} without root: {why}");
+            None
+        }
+    }
+}
+
 /// The log files of a data directory, oldest first.
 pub fn log_files(dir: &Path) -> Vec<PathBuf> {
     let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
