@@ -565,6 +565,38 @@ mod tests {
         panic!("the job handed to a dropped wait was not given back");
     }
 
+    /// With the timer behind (here it does not run at all), a job that has
+    /// fallen due is still what `reserve-with-timeout 0` answers with.
+    #[tokio::test]
+    async fn reserve_with_timeout_0_moves_what_fell_due_when_the_timer_is_behind() {
+        let shared = shared();
+        let tube = Tube::parse(b"t").expect("a tube name");
+        let mut session = Session::request(shared.clone(), 7, tube.clone());
+        let job = NewJob {
+            tube,
+            id: None,
+            pri: 0,
+            delay: Duration::from_millis(20),
+            ttr: Duration::from_secs(60),
+            body: bytes::Bytes::from_static(b"due"),
+            life: Lifecycle::default(),
+        };
+        shared.broker.put(job).await.expect("put");
+        let poll = Command::Reserve {
+            timeout: Some(0),
+            tube: None,
+        };
+        assert!(matches!(
+            session.handle(poll.clone()).await,
+            Outcome::Reply(Reply::TimedOut)
+        ));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        match session.handle(poll).await {
+            Outcome::Reply(Reply::Reserved(job)) => assert_eq!(&job.body[..], b"due"),
+            other => panic!("expected RESERVED, got {other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_request_session_counts_only_its_commands() {
         let shared = shared();
