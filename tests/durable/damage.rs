@@ -1,6 +1,7 @@
-//! Damage: a torn last record at every byte offset, a flipped byte in the
-//! middle of a log file (refused, then salvaged), and a second process on
-//! one directory.
+//! Damage: a torn last record at every byte offset, a flipped byte and a
+//! zeroed record in the middle of a log file (refused, then salvaged), a
+//! hole that was never synced (a torn tail), and a second process on one
+//! directory.
 
 use std::path::Path;
 
@@ -107,13 +108,7 @@ async fn a_flipped_byte_is_refused_then_salvaged() {
     const N: usize = 6;
     let (dir, log) = jobs_then_kill(N).await;
     let mut file = std::fs::read(&log).unwrap();
-    let records = frames(&file);
-    // Job 2's record: the header-only records before the puts vary, so find
-    // it by its body.
-    let (start, end) = *records
-        .iter()
-        .find(|(s, e)| file[*s..*e].windows(5).any(|w| w == b"job 2"))
-        .expect("job 2's record");
+    let (start, end) = record_of(&file, "job 2");
     let middle = (start + end) / 2;
     file[middle] ^= 0x40;
     std::fs::write(&log, &file).unwrap();
@@ -133,6 +128,81 @@ async fn a_flipped_byte_is_refused_then_salvaged() {
     let mut want = expected(N);
     want.remove(2);
     assert_eq!(got, want, "every job but the damaged one");
+}
+
+/// The record of a job, found by its body (the header-only records before
+/// the puts vary).
+fn record_of(file: &[u8], body: &str) -> (usize, usize) {
+    *frames(file)
+        .iter()
+        .find(|(s, e)| {
+            file[*s..*e]
+                .windows(body.len())
+                .any(|w| w == body.as_bytes())
+        })
+        .unwrap_or_else(|| panic!("the record of {body}"))
+}
+
+/// A whole record turned to zeros in the middle of the newest log file
+/// (a block that never reached the disk, or was zeroed since) reads like
+/// the end of the data, but synced records follow it: damage, refused and
+/// named, not a silent end that drops every job after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zeroed_record_with_synced_records_after_it_is_refused_then_salvaged() {
+    const N: usize = 6;
+    let (dir, log) = jobs_then_kill(N).await;
+    let mut file = std::fs::read(&log).unwrap();
+    let (start, end) = record_of(&file, "job 2");
+    file[start..end].fill(0);
+    std::fs::write(&log, &file).unwrap();
+
+    let (status, stderr) = start_or_refuse(dir.path(), SMALL).expect("a refusal, not a start");
+    assert!(!status.success(), "exit status {status}");
+    let name = log.file_name().unwrap().to_str().unwrap();
+    assert!(stderr.contains(name), "names the file: {stderr}");
+    assert!(
+        stderr.contains(&start.to_string()),
+        "names offset {start}: {stderr}"
+    );
+
+    let got = bodies_with(dir.path(), &["-s", "131072", "--salvage"]).await;
+    let mut want = expected(N);
+    want.remove(2);
+    assert_eq!(got, want, "every job but the zeroed one");
+}
+
+/// The same hole where nothing after it was synced (`-F`) is a torn tail:
+/// cut off, and the bytes after it cleared, so that records written over
+/// the hole later do not join up with the old ones: after a second crash,
+/// the jobs cut off do not come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsynced_hole_is_a_torn_tail_whose_rest_never_comes_back() {
+    const NEVER: &[&str] = &["-s", "131072", "-F"];
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), NEVER).await;
+    let mut c = daemon.client().await;
+    for k in 0..5 {
+        c.put_ok(0, 0, 60, format!("job {k}").as_bytes()).await;
+    }
+    daemon.kill();
+    let log = log_files(dir.path()).pop().expect("a log file");
+    let mut file = std::fs::read(&log).unwrap();
+    let (start, end) = record_of(&file, "job 2");
+    file[start..end].fill(0);
+    std::fs::write(&log, &file).unwrap();
+
+    // The hole and all after it go; the same number of bytes is written
+    // over it next ("job 9" is as long as "job 2"), ending where the old
+    // "job 3" begins.
+    let mut daemon = Daemon::durable(dir.path(), NEVER).await;
+    let mut c = daemon.client().await;
+    c.put_ok(0, 0, 60, b"job 9").await;
+    daemon.kill();
+    assert_eq!(
+        bodies_with(dir.path(), NEVER).await,
+        ["job 0", "job 1", "job 9"],
+        "jobs cut off as a torn tail came back after the next crash"
+    );
 }
 
 /// One process per directory: a second exits at once with a clear error,

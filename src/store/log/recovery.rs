@@ -210,7 +210,14 @@ fn replay_file(
             // A record of the file's life before it was recycled.
             Ok(f) if f.seq < out.next_seq => return Ok(at as u64),
             Ok(f) => format!("record {} where record {} was next", f.seq, out.next_seq),
-            Err(Bad::End) => return Ok(at as u64),
+            // Zeros to the end of the file: the unused rest of a
+            // preallocated file.
+            Err(Bad::End) if data[at..].iter().all(|&b| b == 0) => return Ok(at as u64),
+            // Zeros where a record should begin, with bytes after them: a
+            // block that never reached the disk, or one zeroed since. It is
+            // the end of the data only if nothing synced follows it, which
+            // the stamps of what follows tell, as for any other hole.
+            Err(Bad::End) => "zeros where a record should begin, with data after them".to_string(),
             Err(bad) => bad.describe().to_string(),
         };
         let next = continuation(data, version, at + 1, out.next_seq);
