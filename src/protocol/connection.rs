@@ -74,7 +74,7 @@ async fn serve_held<S: Store, T: Transport>(
     // much, and ten thousand idle ones would hold 160 MB for nothing.
     *wire.read_buffer_mut() = BytesMut::with_capacity(IDLE_BUFFER);
     *wire.write_buffer_mut() = BytesMut::new();
-    let mut session = Session::open(shared, conn).await;
+    let mut session = Session::open(shared, conn);
     session.peer = peer;
     // A request read ahead while gathering pipelined puts.
     let mut ahead = None;

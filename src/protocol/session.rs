@@ -78,6 +78,33 @@ pub struct Session<S: Store> {
     connection: bool,
 }
 
+/// Counts a new connection's use and watch of `default` in the store.
+///
+/// The store has both operations before anything the connection asks
+/// (one poll hands them over, and an embedded store carries them out
+/// then), but the connection does not wait for a remote store's answer:
+/// on a Redis that hangs, that wait held a new connection's first reply
+/// past its deadline (6 to 8 s instead of 2). The answer, or the failure
+/// to count, comes to a task of its own.
+fn count_default<S: Store>(shared: &Arc<Shared<S>>, id: ConnId, default: &Tube) {
+    let shared = Arc::clone(shared);
+    let default = default.clone();
+    let mut counting = Box::pin(async move {
+        let broker = &shared.broker;
+        let (using, watching) = tokio::join!(
+            broker.attach(&default, TubeRef::Using),
+            broker.attach(&default, TubeRef::Watching)
+        );
+        if let Err(e) = using.and(watching) {
+            warn!(conn = id, error = %e, "cannot count a new connection's use of `default`");
+        }
+    });
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if counting.as_mut().poll(&mut cx).is_pending() {
+        tokio::spawn(counting);
+    }
+}
+
 impl<S: Store> Session<S> {
     /// Opens a session using and watching `default`.
     ///
@@ -85,16 +112,9 @@ impl<S: Store> Session<S> {
     /// `default` (its engine is unreachable), that is logged and only the
     /// tube's `current-using`/`current-watching` figures are off; the
     /// connection is kept, as every command will say what is wrong.
-    pub async fn open(shared: Arc<Shared<S>>, id: ConnId) -> Session<S> {
+    pub fn open(shared: Arc<Shared<S>>, id: ConnId) -> Session<S> {
         let default = Tube::default_tube();
-        let broker = &shared.broker;
-        let counted = broker
-            .attach(&default, TubeRef::Using)
-            .await
-            .and(broker.attach(&default, TubeRef::Watching).await);
-        if let Err(e) = counted {
-            warn!(conn = id, error = %e, "cannot count a new connection's use of `default`");
-        }
+        count_default(&shared, id, &default);
         shared.stats.connections.fetch_add(1, Ordering::Relaxed);
         shared
             .stats

@@ -464,6 +464,15 @@ struct Frozen {
     reservers: Vec<Client>,
 }
 
+/// What a client of [`Frozen::round`] was: one of the putters, one of the
+/// reservers, or a connection made during the freeze (true: it put).
+#[derive(Clone, Copy)]
+enum Role {
+    Putter,
+    Reserver,
+    Fresh(bool),
+}
+
 /// The slowest replies of one round of [`Frozen::round`].
 #[derive(Debug, Default, Clone, Copy)]
 struct Slowest {
@@ -476,7 +485,9 @@ impl Frozen {
     /// jobs in `default`; `ids` gives the client-chosen ids of every job
     /// (on a cluster, all on the primary to be frozen).
     async fn prepare(addr: SocketAddr, ids: impl Iterator<Item = String>) -> Frozen {
-        let mut ids: Vec<String> = ids.take(10 + 3 * 2).collect();
+        // Ten ready jobs, then a put for each of the three putters and for a
+        // connection made during the freeze, in each of two rounds.
+        let mut ids: Vec<String> = ids.take(10 + 4 * 2).collect();
         let mut c = Client::connect(addr).await;
         for id in ids.drain(..10) {
             assert_eq!(
@@ -504,9 +515,41 @@ impl Frozen {
 
     /// Every client asks at once while Redis is frozen: each put must be
     /// refused with `INTERNAL_ERROR` and each `reserve-with-timeout 1` must
-    /// time out or fail, all in time.
+    /// time out or fail, all in time. Two connections made during the
+    /// freeze ask too, a put and a reserve, and must be answered as soon:
+    /// opening a connection counts its use of `default` in Redis, which
+    /// once held its first reply for 6 to 8 s.
     async fn round(&mut self) -> Slowest {
         let mut tasks = Vec::new();
+        let fresh_id = self.ids.pop().expect("an id for the new connection's put");
+        for (put, id) in [(true, Some(fresh_id)), (false, None)] {
+            let addr = self.addr;
+            tasks.push(tokio::spawn(async move {
+                let start = Instant::now();
+                let mut c = Client::connect(addr).await;
+                let reply = match &id {
+                    Some(id) => c.put_id(0, 0, 60, id.as_bytes(), id).await,
+                    None => c.cmd("reserve-with-timeout 1").await,
+                };
+                let took = start.elapsed();
+                let (ok, limit) = match id {
+                    Some(_) => (reply == "INTERNAL_ERROR", FROZEN_PUT_LIMIT),
+                    None => (
+                        reply == "TIMED_OUT" || reply == "INTERNAL_ERROR",
+                        FROZEN_RESERVE_LIMIT,
+                    ),
+                };
+                assert!(
+                    ok,
+                    "a connection made during the freeze was answered {reply:?}"
+                );
+                assert!(
+                    took <= limit,
+                    "a connection made during the freeze was answered after {took:?}"
+                );
+                (c, Role::Fresh(put), took)
+            }));
+        }
         for mut p in std::mem::take(&mut self.putters) {
             let id = self.ids.pop().expect("an id for each put");
             tasks.push(tokio::spawn(async move {
@@ -518,7 +561,7 @@ impl Frozen {
                     took <= FROZEN_PUT_LIMIT,
                     "put {id} answered after {took:?} while Redis is frozen"
                 );
-                (p, true, took)
+                (p, Role::Putter, took)
             }));
         }
         for mut r in std::mem::take(&mut self.reservers) {
@@ -534,20 +577,23 @@ impl Frozen {
                     took <= FROZEN_RESERVE_LIMIT,
                     "reserve-with-timeout 1 answered after {took:?} while Redis is frozen"
                 );
-                (r, false, took)
+                (r, Role::Reserver, took)
             }));
         }
         let mut slowest = Slowest::default();
         for task in tasks {
-            let (c, put, took) = task
+            let (c, role, took) = task
                 .await
                 .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-            if put {
+            match role {
+                Role::Putter => self.putters.push(c),
+                Role::Reserver => self.reservers.push(c),
+                Role::Fresh(_) => {}
+            }
+            if matches!(role, Role::Putter | Role::Fresh(true)) {
                 slowest.put = slowest.put.max(took);
-                self.putters.push(c);
             } else {
                 slowest.reserve = slowest.reserve.max(took);
-                self.reservers.push(c);
             }
         }
         slowest
@@ -657,7 +703,8 @@ async fn redis_frozen_every_reply_in_time() {
     let sharded_back = clients.thawed().await;
 
     eprintln!(
-        "Redis frozen with SIGSTOP, 3 puts and 3 reserve-with-timeout 1 at once, twice: \
+        "Redis frozen with SIGSTOP, 4 puts and 4 reserve-with-timeout 1 at once (one of \
+         each on a connection made during the freeze), twice: \
          one Redis: slowest {single:?}, puts taken {single_back:.1?} after SIGCONT; \
          cluster (one primary frozen): slowest {sharded:?}, puts taken {sharded_back:.1?} \
          after SIGCONT; in {:.1?}",
