@@ -100,17 +100,16 @@ async fn a_torn_last_record_at_every_offset_is_cut_off() {
     );
 }
 
-/// A flipped byte in the middle of a log file (in a record with others
-/// after it) is damage, not a torn tail: delayq refuses to start and names
-/// the file and offset; with `--salvage` it starts without that record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flipped_byte_is_refused_then_salvaged() {
+/// Damages the record of job 2 of six with `damage` (given the file and
+/// the record's bounds), then checks that delayq refuses to start, naming
+/// the file and the record's offset, that refusing changed nothing (it
+/// refuses again), and that with `--salvage` it serves every job but job 2.
+async fn refused_then_salvaged(damage: impl FnOnce(&mut [u8], usize, usize)) {
     const N: usize = 6;
     let (dir, log) = jobs_then_kill(N).await;
     let mut file = std::fs::read(&log).unwrap();
     let (start, end) = record_of(&file, "job 2");
-    let middle = (start + end) / 2;
-    file[middle] ^= 0x40;
+    damage(&mut file, start, end);
     std::fs::write(&log, &file).unwrap();
 
     let (status, stderr) = start_or_refuse(dir.path(), SMALL).expect("a refusal, not a start");
@@ -121,7 +120,6 @@ async fn a_flipped_byte_is_refused_then_salvaged() {
         stderr.contains(&start.to_string()),
         "names offset {start}: {stderr}"
     );
-    // Refusing changed nothing: it refuses again.
     assert!(start_or_refuse(dir.path(), SMALL).is_some());
 
     let got = bodies_with(dir.path(), &["-s", "131072", "--salvage"]).await;
@@ -143,32 +141,21 @@ fn record_of(file: &[u8], body: &str) -> (usize, usize) {
         .unwrap_or_else(|| panic!("the record of {body}"))
 }
 
+/// A flipped byte in the middle of a log file (in a record with others
+/// after it) is damage, not a torn tail: delayq refuses to start and names
+/// the file and offset; with `--salvage` it starts without that record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_is_refused_then_salvaged() {
+    refused_then_salvaged(|file, start, end| file[(start + end) / 2] ^= 0x40).await;
+}
+
 /// A whole record turned to zeros in the middle of the newest log file
 /// (a block that never reached the disk, or was zeroed since) reads like
 /// the end of the data, but synced records follow it: damage, refused and
 /// named, not a silent end that drops every job after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zeroed_record_with_synced_records_after_it_is_refused_then_salvaged() {
-    const N: usize = 6;
-    let (dir, log) = jobs_then_kill(N).await;
-    let mut file = std::fs::read(&log).unwrap();
-    let (start, end) = record_of(&file, "job 2");
-    file[start..end].fill(0);
-    std::fs::write(&log, &file).unwrap();
-
-    let (status, stderr) = start_or_refuse(dir.path(), SMALL).expect("a refusal, not a start");
-    assert!(!status.success(), "exit status {status}");
-    let name = log.file_name().unwrap().to_str().unwrap();
-    assert!(stderr.contains(name), "names the file: {stderr}");
-    assert!(
-        stderr.contains(&start.to_string()),
-        "names offset {start}: {stderr}"
-    );
-
-    let got = bodies_with(dir.path(), &["-s", "131072", "--salvage"]).await;
-    let mut want = expected(N);
-    want.remove(2);
-    assert_eq!(got, want, "every job but the zeroed one");
+    refused_then_salvaged(|file, start, end| file[start..end].fill(0)).await;
 }
 
 /// The same hole where nothing after it was synced (`-F`) is a torn tail:
