@@ -15,7 +15,7 @@ use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use super::files::{HEADER, Kind, header};
-use super::record::{DELETE_LEN, encode, encoded_len, weight};
+use super::record::{DELETE_LEN, encode_sized, encoded_len, weight, weight_sized};
 use super::writer::{Buf, Chunk, Shared};
 use crate::error::{StoreError, StoreResult};
 use crate::store::memory::journal::{JobImage, Journal, Record, Written};
@@ -78,7 +78,8 @@ impl<'a> Appender<'a> {
                 "the log takes no changes: {why}"
             )));
         }
-        let len = encoded_len(record) as u64;
+        let length = encoded_len(record);
+        let len = length as u64;
         let size = shared.file_size;
         let left = size.saturating_sub(b.used);
         let switch = len > left;
@@ -133,13 +134,13 @@ impl<'a> Appender<'a> {
         b.next_seq += 1;
         let stamp = shared.synced.load(Ordering::Acquire);
         let chunk = b.chunks.last_mut().expect("a chunk for this file");
-        encode(&mut chunk.bytes, seq, stamp, record);
+        encode_sized(&mut chunk.bytes, seq, stamp, record, length);
         b.pending += 1;
         b.used += len;
         b.appended += len;
         if let (Class::Put, Record::Job(job)) = (class, record) {
             b.live_jobs += 1;
-            b.live_bytes += weight(job) as u64;
+            b.live_bytes += weight_sized(job, length) as u64;
             if b.spares.len() < spares_needed(b, size) {
                 shared.chores.notify_one();
             }
