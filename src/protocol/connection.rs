@@ -12,13 +12,14 @@
 //! only `TcpStream`.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::time::{Instant, sleep_until};
+use tokio::time::{Instant, Sleep, sleep_until};
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -170,13 +171,12 @@ pub async fn run<S: Store>(session: &mut Session<S>, cmd: Command) -> Outcome {
     if let Command::Auth(token) = &cmd {
         return Outcome::Reply(session.authenticate(token).await);
     }
-    let limit = session.broker().call_limit();
+    let mut watchdog = session.watchdog(session.broker().call_limit());
     // Boxed: the command's future is large and short-lived, and a
     // connection blocked in `reserve` should not carry its room.
-    match within(limit, Box::pin(session.handle(cmd))).await {
-        Some(outcome) => outcome,
-        None => Outcome::Reply(failed(session.id, out_of_time())),
-    }
+    let outcome = within(watchdog.as_mut(), Box::pin(session.handle(cmd))).await;
+    session.keep_watchdog(watchdog);
+    outcome.unwrap_or_else(|| Outcome::Reply(failed(session.id, out_of_time())))
 }
 
 /// Sends the queued replies once every change they answer is safe; false
@@ -252,11 +252,11 @@ async fn answer_puts<S: Store, T: Transport>(
         .filter_map(|put| put.command.ok())
         .collect();
     let n = modes.len();
-    let limit = session.broker().call_limit();
-    let replies = match within(limit, session.handle_puts(commands)).await {
-        Some(replies) => replies,
-        None => (0..n).map(|_| failed(session.id, out_of_time())).collect(),
-    };
+    let mut watchdog = session.watchdog(session.broker().call_limit());
+    let replies = within(watchdog.as_mut(), session.handle_puts(commands)).await;
+    session.keep_watchdog(watchdog);
+    let replies =
+        replies.unwrap_or_else(|| (0..n).map(|_| failed(session.id, out_of_time())).collect());
     for (mode, reply) in modes.into_iter().zip(replies) {
         if !feed_safe(wire, Response { mode, reply }).await {
             return false;
@@ -305,22 +305,21 @@ fn shrink_when_idle<T: Transport>(wire: &mut Wire<T>) {
     }
 }
 
-/// `work`'s result, or `None` if a `limit` is set and it runs out first.
+/// `work`'s result, or `None` if there is a `watchdog` and it goes off
+/// first.
 async fn within<T>(
-    limit: Option<Duration>,
+    watchdog: Option<&mut Pin<Box<Sleep>>>,
     work: impl std::future::Future<Output = T>,
 ) -> Option<T> {
-    until(limit.map(|limit| Instant::now() + limit), work).await
-}
-
-/// `work`'s result, or `None` if there is a `deadline` and it passes first.
-async fn until<T>(
-    deadline: Option<Instant>,
-    work: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    match deadline {
-        Some(at) => tokio::time::timeout_at(at, work).await.ok(),
-        None => Some(work.await),
+    let Some(watchdog) = watchdog else {
+        return Some(work.await);
+    };
+    tokio::select! {
+        // The work first: one that is done is answered, even if its time
+        // ran out while it was being done.
+        biased;
+        done = work => Some(done),
+        () = watchdog.as_mut() => None,
     }
 }
 
