@@ -177,7 +177,11 @@ impl Reply {
     pub fn encode_text(&self, dst: &mut BytesMut) {
         let word = self.word();
         match self {
-            Reply::Inserted(id) | Reply::Exists(id) => line(dst, format_args!("{word} {id}")),
+            Reply::Inserted(id) | Reply::Exists(id) => {
+                put_word(dst, word);
+                put_id(dst, id);
+                dst.put_slice(b"\r\n");
+            }
             Reply::Imported(what) => line(dst, format_args!("{word} {what}")),
             Reply::Exported { next, data } => {
                 dst.reserve(data.len() + 64);
@@ -293,9 +297,31 @@ impl Reply {
 /// A job as `RESERVED` and `FOUND` give it: the word, id and length, the body.
 fn job_text(dst: &mut BytesMut, word: &str, job: &JobBody) {
     dst.reserve(job.body.len() + 64);
-    line(dst, format_args!("{word} {} {}", job.id, job.body.len()));
+    put_word(dst, word);
+    put_id(dst, &job.id);
+    dst.put_u8(b' ');
+    dst.put_slice(itoa::Buffer::new().format(job.body.len()).as_bytes());
+    dst.put_slice(b"\r\n");
     dst.put_slice(&job.body);
     dst.put_slice(b"\r\n");
+}
+
+// The replies of every cycle (`INSERTED`, `RESERVED`) are written without
+// `std::fmt`: through it, their two numbers cost about 1,500 instructions
+// a cycle, a twentieth of the memory-only engine's (callgrind).
+
+/// The reply's word and the space after it.
+fn put_word(dst: &mut BytesMut, word: &str) {
+    dst.put_slice(word.as_bytes());
+    dst.put_u8(b' ');
+}
+
+/// A job id as the protocol writes it.
+fn put_id(dst: &mut BytesMut, id: &JobId) {
+    match id {
+        JobId::Server(n) => dst.put_slice(itoa::Buffer::new().format(*n).as_bytes()),
+        JobId::Client(name) => dst.put_slice(name.as_bytes()),
+    }
 }
 
 /// A job as JSON gives it.
@@ -416,6 +442,36 @@ mod tests {
             body: Bytes::from_static(b"a\r\nb"),
         };
         assert_eq!(text(Reply::Reserved(job)), "RESERVED 1 4\r\na\r\nb\r\n");
+    }
+
+    #[test]
+    fn ids_and_lengths_are_written_as_display_writes_them() {
+        let client = JobId::Client("order-close:4711".into());
+        let ids = [0, 1, 9, 10, 4711, u64::from(u32::MAX), u64::MAX]
+            .map(JobId::Server)
+            .into_iter()
+            .chain([client]);
+        for id in ids {
+            assert_eq!(
+                text(Reply::Inserted(id.clone())),
+                format!("INSERTED {id}\r\n")
+            );
+            assert_eq!(text(Reply::Exists(id.clone())), format!("EXISTS {id}\r\n"));
+            for body in [&b""[..], b"x", &[7; 1000]] {
+                let job = JobBody {
+                    id: id.clone(),
+                    tube: Tube::default_tube(),
+                    body: Bytes::copy_from_slice(body),
+                };
+                let head = format!("FOUND {id} {}\r\n", body.len());
+                let mut want = head.into_bytes();
+                want.extend_from_slice(body);
+                want.extend_from_slice(b"\r\n");
+                let mut got = BytesMut::new();
+                Reply::Found(job).encode_text(&mut got);
+                assert_eq!(&got[..], &want[..], "{id}");
+            }
+        }
     }
 
     #[test]
