@@ -171,8 +171,8 @@ impl<S: Store> Session<S> {
     /// dropped per command: moving a timer's deadline later is one atomic
     /// step in tokio, where a new timer takes the timer wheel's lock twice
     /// and, when it is due before the runtime's next wake-up, a write to
-    /// wake the runtime's driver (on Redis, about a third of such a write
-    /// per cycle of the cycle benchmark).
+    /// wake the runtime's driver (on Redis, one such write every four or
+    /// five cycles of the cycle benchmark).
     pub(super) fn watchdog(&mut self, limit: Option<Duration>) -> Option<Pin<Box<Sleep>>> {
         let at = Instant::now() + limit?;
         Some(match self.watchdog.take() {
