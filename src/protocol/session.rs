@@ -78,7 +78,10 @@ pub struct Session<S: Store> {
     /// A request's ([`Session::request`]) is none of these.
     connection: bool,
     /// The timer that holds each command to the store's time limit, kept
-    /// from one command to the next (see [`Session::watchdog`]).
+    /// from one command to the next (see [`Session::watchdog`]). Left set
+    /// after a command, it goes off once if no command follows within the
+    /// limit: one poll of an idle connection for nothing, at most one per
+    /// command.
     watchdog: Option<Pin<Box<Sleep>>>,
 }
 
