@@ -94,7 +94,7 @@ impl Arg {
 
 /// Appends a server id as its key names it: `#` and the id in lowercase
 /// hex, at least 12 digits (what `format!("#{n:012x}")` writes).
-fn server_id_key(out: &mut String, n: u64) {
+pub(super) fn server_id_key(out: &mut String, n: u64) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let len = (16 - n.leading_zeros() as usize / 4).max(12);
     out.push('#');

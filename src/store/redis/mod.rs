@@ -38,7 +38,7 @@ pub use conn::Target;
 pub use library::bench_call;
 pub use shards::{SHARDS, shard_of_key, shard_tag, slot};
 
-use batch::{Arg, Op};
+use batch::{Arg, Op, server_id_key};
 use conn::Conn;
 use decode::{corrupt, fail, job_body, job_id, parse, reserved, tube};
 use library::{Kind, Library};
@@ -450,14 +450,16 @@ impl RedisStore {
         let mut out = Vec::new();
         for (shard, ids) in by_shard.iter().enumerate() {
             for chunk in ids.chunks(BATCH as usize) {
-                let list = chunk
-                    .iter()
-                    .map(|id| match id {
-                        JobId::Server(n) => format!("#{n:012x}"),
-                        JobId::Client(name) => name.to_string(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ");
+                let mut list = String::new();
+                for id in chunk {
+                    if !list.is_empty() {
+                        list.push(' ');
+                    }
+                    match id {
+                        JobId::Server(n) => server_id_key(&mut list, *n),
+                        JobId::Client(name) => list.push_str(name),
+                    }
+                }
                 out.push((shard, list));
             }
         }
@@ -587,10 +589,8 @@ impl Store for RedisStore {
         let (shard, id_arg) = match (&self.sharding, &job.id) {
             (Some(s), None) => {
                 let key = self.next_key(s, Some(&job.tube)).await?;
-                (
-                    s.locate(&JobId::Server(key)),
-                    Arg::Text(format!("#{key:012x}")),
-                )
+                let id = JobId::Server(key);
+                (s.locate(&id), Arg::Id(id))
             }
             (Some(s), Some(name)) => {
                 let key = self.next_key(s, None).await?;
