@@ -4,10 +4,11 @@
 use std::sync::{Mutex, PoisonError};
 
 use futures_util::future::join_all;
+use tokio::time::Instant;
 use tracing::{error, warn};
 
 use super::Broker;
-use super::waiters::Head;
+use super::waiters::{Handout, Head};
 use crate::job::Reserved;
 use crate::metrics::StoreOp;
 use crate::names::Tube;
@@ -110,6 +111,7 @@ impl<S: Store> Broker<S> {
                     break;
                 }
                 let full = heads.len() == round;
+                let asked = Instant::now();
                 let got =
                     join_all(heads.iter().map(|h| {
                         self.call(StoreOp::Reserve, self.store.reserve(h.conn, &h.tubes))
@@ -118,7 +120,7 @@ impl<S: Store> Broker<S> {
                 let (mut all, mut gave_back) = (full, false);
                 for (head, got) in heads.into_iter().zip(got) {
                     match got {
-                        Ok(Some(got)) => gave_back |= !self.hand(head, got).await,
+                        Ok(Some(got)) => gave_back |= !self.hand(head, got, asked).await,
                         Ok(None) => all = false,
                         Err(e) => {
                             warn!(%tube, error = %e, "cannot hand out jobs");
@@ -139,11 +141,11 @@ impl<S: Store> Broker<S> {
 
     /// Hands `got` to the waiter `head`; if it has gone, gives the job back.
     /// Returns whether the waiter got it.
-    async fn hand(&self, head: Head, got: Reserved) -> bool {
+    async fn hand(&self, head: Head, got: Reserved, asked: Instant) -> bool {
         self.alarm.schedule(got.ttr);
         let id = got.job.id.clone();
         let handed = match self.waiters.take(head.id) {
-            Some(tx) => tx.send(got).is_ok(),
+            Some(tx) => tx.send(Handout { got, asked }).is_ok(),
             None => false,
         };
         if !handed

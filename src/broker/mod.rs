@@ -28,7 +28,7 @@ pub mod schedules;
 pub mod timer;
 mod waiters;
 
-pub use waiters::WaiterId;
+pub use waiters::{Handout, WaiterId};
 
 use crate::error::StoreResult;
 use crate::job::{
@@ -382,7 +382,7 @@ impl<S: Store> Broker<S> {
         &self,
         conn: ConnId,
         tubes: Arc<[Tube]>,
-    ) -> (WaiterId, oneshot::Receiver<Reserved>) {
+    ) -> (WaiterId, oneshot::Receiver<Handout>) {
         self.waiters.register(conn, tubes)
     }
 
@@ -392,7 +392,7 @@ impl<S: Store> Broker<S> {
         &self,
         conn: ConnId,
         tubes: Arc<[Tube]>,
-    ) -> (WaiterId, oneshot::Receiver<Reserved>) {
+    ) -> (WaiterId, oneshot::Receiver<Handout>) {
         let registered = self.register(conn, tubes.clone());
         self.serve(&tubes).await;
         registered

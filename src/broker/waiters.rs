@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::job::Reserved;
 use crate::names::Tube;
@@ -17,10 +18,24 @@ use crate::store::ConnId;
 /// Identifies one registration; later registrations have larger ids.
 pub type WaiterId = u64;
 
+/// A job reserved for a waiter.
+#[derive(Debug, PartialEq)]
+pub struct Handout {
+    /// The job.
+    pub got: Reserved,
+    /// When the store was asked to reserve it. The store counts the job's
+    /// time to run from a moment after this, so a deadline counted from
+    /// here has never passed while the job is still reserved; counted from
+    /// when the waiter got it, it could pass later, and the waiter would
+    /// take a job that its TTR had already taken back for one it holds
+    /// (`DEADLINE_SOON`).
+    pub asked: Instant,
+}
+
 struct Entry {
     conn: ConnId,
     tubes: Arc<[Tube]>,
-    tx: oneshot::Sender<Reserved>,
+    tx: oneshot::Sender<Handout>,
 }
 
 #[derive(Default)]
@@ -57,7 +72,7 @@ impl Waiters {
         &self,
         conn: ConnId,
         tubes: Arc<[Tube]>,
-    ) -> (WaiterId, oneshot::Receiver<Reserved>) {
+    ) -> (WaiterId, oneshot::Receiver<Handout>) {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.lock();
         inner.next += 1;
@@ -70,7 +85,7 @@ impl Waiters {
     }
 
     /// Removes a waiter and returns its sender, if it is still registered.
-    pub fn take(&self, id: WaiterId) -> Option<oneshot::Sender<Reserved>> {
+    pub fn take(&self, id: WaiterId) -> Option<oneshot::Sender<Handout>> {
         let mut inner = self.lock();
         let entry = inner.entries.remove(&id)?;
         for tube in entry.tubes.iter() {

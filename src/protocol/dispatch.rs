@@ -112,10 +112,13 @@ impl<S: Store> Session<S> {
                 }
                 Reply::Removed { finish, count }
             }
-            Command::ReserveJob(id) => match broker.reserve_job(conn, &id).await? {
-                Some(got) => self.took(got),
-                None => Reply::NotFound,
-            },
+            Command::ReserveJob(id) => {
+                let asked = Instant::now();
+                match broker.reserve_job(conn, &id).await? {
+                    Some(got) => self.took(got, asked),
+                    None => Reply::NotFound,
+                }
+            }
             Command::Delete(id) => {
                 let yes = broker.delete(conn, &id).await?;
                 self.deadlines.remove(&id);
@@ -140,13 +143,17 @@ impl<S: Store> Session<S> {
                 self.deadlines.remove(&id);
                 found(yes, Reply::Buried)
             }
-            Command::Touch(id) => match broker.touch(conn, &id).await? {
-                Some(ttr) => {
-                    self.deadlines.insert(id, Instant::now() + ttr);
-                    Reply::Touched
+            Command::Touch(id) => {
+                // Counted from before the store was asked, as a reserve's.
+                let asked = Instant::now();
+                match broker.touch(conn, &id).await? {
+                    Some(ttr) => {
+                        self.deadlines.insert(id, asked + ttr);
+                        Reply::Touched
+                    }
+                    None => Reply::NotFound,
                 }
-                None => Reply::NotFound,
-            },
+            }
             Command::Watch(tube) => {
                 if !self.watched.contains(&tube) {
                     broker.attach(&tube, TubeRef::Watching).await?;

@@ -16,7 +16,7 @@ use super::command::Command;
 use super::reply::Reply;
 use super::stats::{Cmd, ServerStats};
 use crate::auth::Access;
-use crate::broker::{Broker, WaiterId};
+use crate::broker::{Broker, Handout, WaiterId};
 use crate::config::Config;
 use crate::error::StoreResult;
 use crate::job::{NewJob, Reserved};
@@ -228,24 +228,31 @@ impl<S: Store> Session<S> {
         }
     }
 
-    /// Records a job this connection now holds and builds its reply.
-    pub fn took(&mut self, got: Reserved) -> Reply {
-        self.deadlines
-            .insert(got.job.id.clone(), Instant::now() + got.ttr);
+    /// Records a job this connection now holds, reserved by a store asked
+    /// at `asked`, and builds its reply.
+    pub fn took(&mut self, got: Reserved, asked: Instant) -> Reply {
+        self.holds(&got, asked);
         Reply::Reserved(got.job)
     }
 
-    /// Notes the deadlines of a batch just reserved; its reply.
-    pub fn took_batch(&mut self, got: Vec<Reserved>) -> Reply {
-        let now = Instant::now();
-        let jobs = got
-            .into_iter()
-            .map(|r| {
-                self.deadlines.insert(r.job.id.clone(), now + r.ttr);
-                r.job
-            })
-            .collect();
-        Reply::Batch(jobs)
+    /// Records the jobs of a batch reserved by a store asked at `asked`;
+    /// its reply.
+    pub fn took_batch(&mut self, got: Vec<Reserved>, asked: Instant) -> Reply {
+        for r in &got {
+            self.holds(r, asked);
+        }
+        Reply::Batch(got.into_iter().map(|r| r.job).collect())
+    }
+
+    /// Notes the deadline of a job this connection holds, counted from when
+    /// the store was asked for it: the store counts it from a moment after
+    /// that, so this deadline has never passed while the job is still
+    /// reserved. Counted from the reply (later, the more so for a job
+    /// handed to a waiting reserve), it could outlive the job's TTR, and a
+    /// reserve right after the TTR took the job back was answered
+    /// `DEADLINE_SOON` for a job no longer held.
+    fn holds(&mut self, got: &Reserved, asked: Instant) {
+        self.deadlines.insert(got.job.id.clone(), asked + got.ttr);
     }
 
     /// Reserves what is ready without waiting: one job, or with `batch`
@@ -255,38 +262,47 @@ impl<S: Store> Session<S> {
         tubes: &[Tube],
         batch: Option<usize>,
     ) -> StoreResult<Option<Reply>> {
+        let asked = Instant::now();
         let Some(max) = batch else {
             let got = self.shared.broker.reserve(self.id, tubes).await?;
-            return Ok(got.map(|got| self.took(got)));
+            return Ok(got.map(|got| self.took(got, asked)));
         };
         let got = self
             .shared
             .broker
             .reserve_batch(self.id, tubes, max)
             .await?;
-        Ok((!got.is_empty()).then(|| self.took_batch(got)))
+        Ok((!got.is_empty()).then(|| self.took_batch(got, asked)))
     }
 
     /// The reply for a job handed to this connection while it waited: with
     /// `batch`, whatever else is ready joins it, up to the batch's size.
-    pub async fn handed(&mut self, got: Reserved, tubes: &[Tube], batch: Option<usize>) -> Reply {
+    pub async fn handed(&mut self, handed: Handout, tubes: &[Tube], batch: Option<usize>) -> Reply {
+        let Handout { got, asked } = handed;
         let Some(max) = batch else {
-            return self.took(got);
+            return self.took(got, asked);
         };
+        self.holds(&got, asked);
         let mut all = vec![got];
         if max > 1 {
+            let asked = Instant::now();
             match self
                 .shared
                 .broker
                 .reserve_batch(self.id, tubes, max - 1)
                 .await
             {
-                Ok(more) => all.extend(more),
+                Ok(more) => {
+                    for r in &more {
+                        self.holds(r, asked);
+                    }
+                    all.extend(more);
+                }
                 // The job handed over is this connection's all the same.
                 Err(e) => tracing::debug!(error = %e, "the rest of a batch could not be reserved"),
             }
         }
-        self.took_batch(all)
+        Reply::Batch(all.into_iter().map(|r| r.job).collect())
     }
 
     /// When the next `DEADLINE_SOON` is due, if this connection holds jobs.
@@ -404,7 +420,7 @@ pub struct Blocked<S: Store> {
     waiter: WaiterId,
     /// Where the handed job comes; `None` once one came or the waiter left
     /// the queue, when dropping has nothing left to undo.
-    rx: Option<oneshot::Receiver<Reserved>>,
+    rx: Option<oneshot::Receiver<Handout>>,
     tubes: Arc<[Tube]>,
     timeout: Option<Duration>,
     timeout_at: Option<Instant>,
@@ -421,7 +437,7 @@ impl<S: Store> Blocked<S> {
     /// Waits for the job the broker hands over; `None` if the waiter was
     /// dropped without one, which the broker never does. Cancel safe: a
     /// job is either returned or still on its way.
-    pub async fn handed(&mut self) -> Option<Reserved> {
+    pub async fn handed(&mut self) -> Option<Handout> {
         let rx = self.rx.as_mut()?;
         let got = rx.await.ok();
         self.rx = None;
@@ -430,7 +446,7 @@ impl<S: Store> Blocked<S> {
 
     /// The reply to what [`Blocked::handed`] returned: with a batch,
     /// whatever else is ready joins the job, up to the batch's size.
-    pub async fn deliver(&self, session: &mut Session<S>, handed: Option<Reserved>) -> Reply {
+    pub async fn deliver(&self, session: &mut Session<S>, handed: Option<Handout>) -> Reply {
         match handed {
             Some(got) => session.handed(got, &self.tubes, self.batch).await,
             None => Reply::TimedOut,
@@ -468,8 +484,8 @@ impl<S: Store> Blocked<S> {
         }
         // The broker took this waiter first: a job is on its way.
         match self.handed().await {
-            Some(got) => {
-                let reply = session.took(got);
+            Some(Handout { got, asked }) => {
+                let reply = session.took(got, asked);
                 why.map(|_| match reply {
                     Reply::Reserved(job) if self.batch.is_some() => Reply::Batch(vec![job]),
                     reply => reply,
@@ -495,7 +511,7 @@ impl<S: Store> Drop for Blocked<S> {
         // A drop cannot wait: the job goes back in a task of its own, as a
         // departed connection's do.
         let (shared, conn) = (self.shared.clone(), self.conn);
-        let id = got.job.id;
+        let id = got.got.job.id;
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if let Err(e) = shared.broker.release_all(conn, &[id]).await {
@@ -663,6 +679,41 @@ mod tests {
         session.close().await;
         assert_eq!(shared.stats.connections_now(), [0; 4]);
         assert_eq!(waiting(&shared).await, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_jobs_deadline_counts_from_when_the_store_was_asked() {
+        let tube = Tube::parse(b"t").expect("a tube name");
+        let mut session = Session::request(shared(), 7, tube.clone());
+        let ttr = Duration::from_secs(3);
+        let job = |n| Reserved {
+            job: crate::job::JobBody {
+                id: JobId::Server(n),
+                tube: tube.clone(),
+                body: bytes::Bytes::from_static(b"x"),
+            },
+            ttr,
+        };
+        // The store was asked, and the job reached the session 300 ms
+        // later (a slow store, or a job handed to a waiting reserve).
+        let asked = Instant::now();
+        tokio::time::advance(Duration::from_millis(300)).await;
+        session.took(job(1), asked);
+        assert_eq!(
+            session.deadline_soon_at(),
+            Some(asked + ttr - SAFETY_MARGIN)
+        );
+        // Once the store's TTR is over, the job is not held any more.
+        tokio::time::advance(ttr - Duration::from_millis(300)).await;
+        assert_eq!(session.deadline_soon_at(), None);
+
+        let asked = Instant::now();
+        tokio::time::advance(Duration::from_millis(300)).await;
+        session.took_batch(vec![job(2), job(3)], asked);
+        assert_eq!(
+            session.deadline_soon_at(),
+            Some(asked + ttr - SAFETY_MARGIN)
+        );
     }
 
     /// Whether `timer` goes off within `within` from now.

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use delayq::job::{Counts, JobState, Reserved};
+use delayq::broker::Handout;
+use delayq::job::{Counts, JobState};
 use delayq::names::{JobId, Tube};
 use delayq::store::{Store, TubeRef};
 use tokio::sync::oneshot::{self, error::TryRecvError};
@@ -36,9 +37,9 @@ fn on(names: &[&str]) -> Arc<[Tube]> {
 
 /// The id of the job a waiter was handed; fails if it has none yet.
 #[track_caller]
-fn handed(rx: &mut oneshot::Receiver<Reserved>) -> JobId {
+fn handed(rx: &mut oneshot::Receiver<Handout>) -> JobId {
     match rx.try_recv() {
-        Ok(got) => got.job.id,
+        Ok(handout) => handout.got.job.id,
         Err(e) => panic!("the waiter was handed nothing: {e:?}"),
     }
 }
@@ -59,7 +60,7 @@ async fn a_waiting_connection_is_handed_a_job_put_afterwards(env: Env<impl Store
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty), "nothing yet");
     assert_eq!(env.waiting("a").await, (1, 1));
     let id = env.put(job("a")).await;
-    let got = rx.try_recv().expect("handed the job");
+    let got = rx.try_recv().expect("handed the job").got;
     assert_eq!((&got.job.id, got.ttr), (&id, TTR));
     assert_eq!(env.waiting("a").await, (0, 0));
     assert!(!env.broker.stop_waiting(waiter), "already served");
