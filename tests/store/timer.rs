@@ -26,6 +26,7 @@ store_tests!(
     a_delayed_job_becomes_ready_at_its_due_time_and_not_before,
     a_job_past_its_ttr_comes_back_with_a_timeout_counted,
     touch_restarts_the_ttr,
+    a_due_job_is_not_held_up_by_a_full_delay_bucket_opened_ahead,
     tick_says_how_long_until_the_earliest_due_time;
     [redis cluster] fails "Redis's tick may report a due time earlier than the next one, or \
                  one that has gone (its timer wakes to open delay buckets ahead, and clears \
@@ -141,6 +142,39 @@ async fn touch_restarts_the_ttr(env: Env<impl Store>) {
     };
     env.check_job(&id, JobState::Ready, PRI, timed_out).await;
     env.check_server(ONE_READY, 1, 1, 2).await;
+}
+
+/// On Redis the jobs due in a given second wait in that second's bucket,
+/// which the tick of a tube with jobs falling due opens ahead of the
+/// second, a budget of jobs at a time. A job already due, in that tube or
+/// another, is moved by the same tick all the same.
+async fn a_due_job_is_not_held_up_by_a_full_delay_bucket_opened_ahead(env: Env<impl Store>) {
+    if env.moment() > Duration::from_micros(1) {
+        // In real time, begin just after a second begins, so that the full
+        // bucket's second (the next) has not begun by the last tick.
+        let into = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .subsec_millis();
+        if into > 50 {
+            tokio::time::sleep(Duration::from_millis(u64::from(1000 - into))).await;
+        }
+    }
+    // More jobs than a tick moves or opens at once (Redis's budget is 250).
+    let full = (0..600).map(|_| env.put(job("a").delay(SECOND)));
+    futures_util::future::join_all(full).await;
+    let soon = Duration::from_millis(20);
+    let first = env.put(job("a").delay(soon)).await;
+    env.advance(soon).await;
+    env.broker.tick().await.unwrap();
+    env.check_job(&first, JobState::Ready, PRI, NO_COUNTERS)
+        .await;
+    // The bucket is not all open yet: the next tick opens more of it.
+    let other = env.put(job("b").delay(soon)).await;
+    env.advance(soon).await;
+    env.broker.tick().await.unwrap();
+    env.check_job(&other, JobState::Ready, PRI, NO_COUNTERS)
+        .await;
 }
 
 async fn tick_says_how_long_until_the_earliest_due_time(env: Env<impl Store>) {

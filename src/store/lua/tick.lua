@@ -31,18 +31,19 @@ end
 -- A delay bucket is opened this many seconds before its second begins, so
 -- that the work of opening a full one is done while its jobs are not yet
 -- due, a few hundred at a time between other calls, and never holds up a
--- job that is.
+-- job that is: a tick moves the due jobs of every tube before it opens a
+-- bucket ahead with what is left of its budget. (Opened first, a full
+-- bucket took each tick's whole budget for several ticks, and the jobs
+-- falling due meanwhile, in any tube, waited for all of them.)
 local OPEN_AHEAD = 1
 
--- Moves the due jobs of one tube; returns the budget left, negative or zero
--- if it ran out before the tube was done.
-local function move_due(tube, now, budget)
+-- Opens the tube's buckets of the seconds up to `last`: their jobs go into
+-- the tube's `soon` set, ordered to the millisecond, so no tick scans a
+-- whole bucket. Returns the budget left.
+local function open_buckets(tube, last, budget)
+  if budget <= 0 then return budget end
   local buckets, soon = tube_key('delayed', tube), tube_key('soon', tube)
-  local open_until = math.floor(now / 1000) + OPEN_AHEAD
-  -- Open the buckets whose second is about to begin: their jobs go into the
-  -- tube's `soon` set, ordered to the millisecond, so no tick scans a whole
-  -- bucket.
-  for _, second in ipairs(redis.call('ZRANGEBYSCORE', buckets, '-inf', open_until, 'LIMIT', 0, budget)) do
+  for _, second in ipairs(redis.call('ZRANGEBYSCORE', buckets, '-inf', last, 'LIMIT', 0, budget)) do
     second = tonumber(second)
     local bucket = P .. 'bucket:' .. tube .. ':' .. second
     for _, j in ipairs(bucket_jobs(tube, second, redis.call('SPOP', bucket, budget))) do
@@ -52,18 +53,31 @@ local function move_due(tube, now, budget)
     if redis.call('EXISTS', bucket) == 1 or budget <= 0 then break end
     redis.call('ZREM', buckets, second)
   end
+  return budget
+end
+
+-- Moves the due jobs of one tube; returns the budget left, negative or zero
+-- if it ran out before the tube was done. A bucket whose second has begun
+-- holds jobs already due: it is opened first, so that due jobs are moved
+-- in the order of their due times.
+local function move_due(tube, now, budget)
+  budget = open_buckets(tube, math.floor(now / 1000), budget)
+  local soon = tube_key('soon', tube)
   for _, key in ipairs(redis.call('ZRANGEBYSCORE', soon, '-inf', now, 'LIMIT', 0, math.max(budget, 0))) do
     local job = load(key)
     unlink(key, job)
     link(key, job, 'ready', 0)
     budget = budget - 1
   end
-  if budget <= 0 then
-    redis.call('ZADD', P .. 'due', now, tube)
-    return budget
-  end
-  local next_due = redis.call('ZRANGE', soon, 0, 0, 'WITHSCORES')[2]
-  local next_second = redis.call('ZRANGE', buckets, 0, 0)[1]
+  return budget
+end
+
+-- Puts the tube's next due time in the `due` index: its soonest job in
+-- `soon`, or the opening of its next bucket, whichever comes first (now or
+-- earlier if a tick's budget left either undone).
+local function reschedule(tube)
+  local next_due = redis.call('ZRANGE', tube_key('soon', tube), 0, 0, 'WITHSCORES')[2]
+  local next_second = redis.call('ZRANGE', tube_key('delayed', tube), 0, 0)[1]
   if next_second then
     local at = (tonumber(next_second) - OPEN_AHEAD) * 1000
     if next_due == nil or at < tonumber(next_due) then next_due = at end
@@ -73,7 +87,6 @@ local function move_due(tube, now, budget)
   else
     redis.call('ZADD', P .. 'due', next_due, tube)
   end
-  return budget
 end
 
 OPS.tick = function(batch, process)
@@ -82,10 +95,17 @@ OPS.tick = function(batch, process)
   -- themselves alive in the cluster's control slot instead.
   if process ~= '' then heartbeat(process) end
 
-  for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)) do
+  local tubes = redis.call('ZRANGEBYSCORE', P .. 'due', '-inf', now, 'LIMIT', 0, budget)
+  for _, tube in ipairs(tubes) do
     budget = move_due(tube, now, budget)
-    if budget <= 0 then return ticked(0) end
+    if budget <= 0 then break end
   end
+  local ahead = math.floor(now / 1000) + OPEN_AHEAD
+  for _, tube in ipairs(tubes) do
+    budget = open_buckets(tube, ahead, budget)
+    reschedule(tube)
+  end
+  if budget <= 0 then return ticked(0) end
 
   local expired = redis.call('ZRANGEBYSCORE', P .. 'reserved', '-inf', now, 'LIMIT', 0, budget)
   for _, key in ipairs(expired) do
