@@ -149,20 +149,21 @@ async fn touch_restarts_the_ttr(env: Env<impl Store>) {
 /// second, a budget of jobs at a time. A job already due, in that tube or
 /// another, is moved by the same tick all the same.
 async fn a_due_job_is_not_held_up_by_a_full_delay_bucket_opened_ahead(env: Env<impl Store>) {
-    if env.moment() > Duration::from_micros(1) {
-        // In real time, begin just after a second begins, so that the full
-        // bucket's second (the next) has not begun by the last tick.
-        let into = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970")
-            .subsec_millis();
-        if into > 50 {
-            tokio::time::sleep(Duration::from_millis(u64::from(1000 - into))).await;
-        }
+    let real = env.moment() > Duration::from_micros(1);
+    if real {
+        next_second().await;
     }
-    // More jobs than a tick moves or opens at once (Redis's budget is 250).
-    let full = (0..600).map(|_| env.put(job("a").delay(SECOND)));
+    // More jobs than a tick moves or opens at once (Redis's budget is 250),
+    // all due in the same second, two from now.
+    let full = (0..600).map(|_| env.put(job("a").delay(2 * SECOND)));
     futures_util::future::join_all(full).await;
+    // From the next second on, their bucket is opened ahead; it begins a
+    // second later, long after the ticks below.
+    if real {
+        next_second().await;
+    } else {
+        env.advance(SECOND).await;
+    }
     let soon = Duration::from_millis(20);
     let first = env.put(job("a").delay(soon)).await;
     env.advance(soon).await;
@@ -175,6 +176,15 @@ async fn a_due_job_is_not_held_up_by_a_full_delay_bucket_opened_ahead(env: Env<i
     env.broker.tick().await.unwrap();
     env.check_job(&other, JobState::Ready, PRI, NO_COUNTERS)
         .await;
+}
+
+/// Sleeps until just after the wall clock's next second begins.
+async fn next_second() {
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .subsec_millis();
+    tokio::time::sleep(Duration::from_millis(u64::from(1005 - into))).await;
 }
 
 async fn tick_says_how_long_until_the_earliest_due_time(env: Env<impl Store>) {
