@@ -95,14 +95,17 @@ async fn ten_thousand_connections_at_once(backend: Backend) {
 
     let delivered = Arc::new(AtomicU64::new(0));
     let timed_out = Arc::new(AtomicU64::new(0));
+    let connected = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut workers = Vec::with_capacity(n);
     for _ in 0..n {
         let delivered = delivered.clone();
         let timed_out = timed_out.clone();
+        let connected = connected.clone();
         let addr = daemon.addr;
         workers.push(tokio::spawn(async move {
             let mut s = TcpStream::connect(addr).await.expect("connect");
+            connected.fetch_add(1, Ordering::SeqCst);
             s.write_all(b"reserve-with-timeout 120\r\n")
                 .await
                 .expect("write");
@@ -124,12 +127,27 @@ async fn ten_thousand_connections_at_once(backend: Backend) {
         }));
     }
     let mut c = daemon.client().await;
-    crate::eventually(
-        "every connection is blocked in reserve",
-        Duration::from_secs(60),
-        async || c.stats().await.num("current-waiting") == n as u64,
-    )
-    .await;
+    // Counted by hand rather than with `eventually`, so that a failure says
+    // where it stood (seen once in CI, on Redis, and not reproduced since).
+    let (limit, asking) = (Duration::from_secs(60), Instant::now());
+    loop {
+        let stats = c.stats().await;
+        let (connections, waiting) = (
+            stats.num("current-connections"),
+            stats.num("current-waiting"),
+        );
+        if waiting == n as u64 {
+            break;
+        }
+        assert!(
+            asking.elapsed() < limit,
+            "every connection is blocked in reserve: not within {limit:?}; the server had \
+             {connections} connections, {waiting} of them waiting, and {} of the {n} clients \
+             had connected",
+            connected.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let all_waiting = start.elapsed();
     let stats = c.stats().await;
     assert_eq!(stats.num("current-connections"), n as u64 + 1);
