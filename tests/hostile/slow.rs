@@ -13,7 +13,12 @@ backend_tests!(slow_clients_hold_up_only_themselves);
 async fn slow_clients_hold_up_only_themselves(backend: Backend) {
     // A byte a second is what the issue names; CI cannot wait that long for
     // a whole command, so it trickles faster but still one byte per write.
-    let gap = crate::scale(Duration::from_millis(20), Duration::from_secs(1));
+    // At 20 ms a byte the trickle (about 35 bytes) lasted under a second,
+    // and a CI run whose disk and CPU were slow for that second failed the
+    // count below (77 and 96 cycles, at 9 ms a cycle or more) with nobody
+    // held up. At 50 ms the quick client has about 17 ms for each of its
+    // hundred cycles.
+    let gap = crate::scale(Duration::from_millis(50), Duration::from_secs(1));
     let slow_clients = crate::scale(20, 50);
     let server = TestServer::start(backend).await;
 
