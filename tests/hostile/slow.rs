@@ -15,7 +15,7 @@ async fn slow_clients_hold_up_only_themselves(backend: Backend) {
     // a whole command, so it trickles faster but still one byte per write.
     // At 20 ms a byte the trickle (about 35 bytes) lasted under a second,
     // and a CI run whose disk and CPU were slow for that second failed the
-    // count below (77 and 96 cycles, at 9 ms a cycle or more) with nobody
+    // count below (77 and 96 cycles, 9 to 12 ms a cycle) with nobody
     // held up. At 50 ms the quick client has about 17 ms for each of its
     // hundred cycles.
     let gap = crate::scale(Duration::from_millis(50), Duration::from_secs(1));
