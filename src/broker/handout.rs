@@ -62,17 +62,14 @@ impl<S: Store> Broker<S> {
     pub(super) async fn serve(&self, tubes: &[Tube]) {
         let ticket = {
             let mut passes = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut wanted = false;
-            for tube in tubes {
-                if self.waiters.any(tube) {
-                    wanted = true;
-                    if !passes.marked.contains(tube) {
-                        passes.marked.push(tube.clone());
-                    }
-                }
-            }
-            if !wanted {
+            let waited = self.waiters.served(tubes);
+            if waited.is_empty() {
                 return;
+            }
+            for tube in waited {
+                if !passes.marked.contains(&tube) {
+                    passes.marked.push(tube);
+                }
             }
             passes.requested += 1;
             passes.requested
@@ -103,14 +100,18 @@ impl<S: Store> Broker<S> {
     /// waiting connections at once (on Redis, one call), twice as many as
     /// the round before while every one of them got a job.
     async fn pass(&self, tubes: &[Tube]) {
-        for tube in tubes {
+        let mut tubes = tubes.to_vec();
+        let mut next = 0;
+        while let Some(tube) = tubes.get(next).cloned() {
+            next += 1;
             let mut round = FIRST_ROUND;
             loop {
-                let heads = self.waiters.heads(tube, round);
+                let heads = self.waiters.heads(&tube, round);
                 if heads.is_empty() {
                     break;
                 }
                 let full = heads.len() == round;
+                let (look, _) = self.waiters.look(&[]);
                 let asked = Instant::now();
                 let got =
                     join_all(heads.iter().map(|h| {
@@ -120,8 +121,21 @@ impl<S: Store> Broker<S> {
                 let (mut all, mut gave_back) = (full, false);
                 for (head, got) in heads.into_iter().zip(got) {
                     match got {
-                        Ok(Some(got)) => gave_back |= !self.hand(head, got, asked).await,
-                        Ok(None) => all = false,
+                        Ok(Some(got)) => {
+                            let of = got.job.tube.clone();
+                            if !self.hand(head, got, asked).await {
+                                // Ready again, for the others waiting on
+                                // its tube, which need not be this one.
+                                gave_back = true;
+                                if !tubes.contains(&of) {
+                                    tubes.push(of);
+                                }
+                            }
+                        }
+                        Ok(None) => {
+                            self.waiters.found_empty(&head.tubes, look);
+                            all = false;
+                        }
                         Err(e) => {
                             warn!(%tube, error = %e, "cannot hand out jobs");
                             all = false;
@@ -143,7 +157,7 @@ impl<S: Store> Broker<S> {
     /// Returns whether the waiter got it.
     async fn hand(&self, head: Head, got: Reserved, asked: Instant) -> bool {
         self.alarm.schedule(got.ttr);
-        let id = got.job.id.clone();
+        let (id, tube) = (got.job.id.clone(), got.job.tube.clone());
         let handed = match self.waiters.take(head.id) {
             Some(tx) => tx.send(Handout { got, asked }).is_ok(),
             None => false,
@@ -156,6 +170,10 @@ impl<S: Store> Broker<S> {
             // The job stays reserved by a closed connection; its TTR
             // brings it back.
             error!(job = %id, error = %e, "cannot give back a job");
+        }
+        if !handed {
+            // Whoever found its tube empty meanwhile must look again.
+            self.waiters.served(std::slice::from_ref(&tube));
         }
         handed
     }

@@ -28,7 +28,7 @@ pub mod schedules;
 pub mod timer;
 mod waiters;
 
-pub use waiters::{Handout, WaiterId};
+pub use waiters::{Handout, Look, WaiterId};
 
 use crate::error::StoreResult;
 use crate::job::{
@@ -375,27 +375,41 @@ impl<S: Store> Broker<S> {
         self.call(StoreOp::ListTubes, self.store.list_tubes()).await
     }
 
-    /// Queues `conn` on `tubes`. The caller then serves them
-    /// ([`Broker::serve_waiting`]), so that a job made ready between its
-    /// failed reserve and this registration is not missed.
+    /// Before a reserve looks at the store for a job of `tubes`: when the
+    /// look begins, for [`Broker::register`], and whether it can be spared
+    /// because every one of them is known to have nothing to reserve (a
+    /// look found nothing, and nothing was made ready since: whatever is,
+    /// is handed out to the waiting connections after).
+    pub fn look(&self, tubes: &[Tube]) -> (Look, bool) {
+        self.waiters.look(tubes)
+    }
+
+    /// Queues `conn` on `tubes`, after a reserve's look begun at `looked`
+    /// found nothing in them. Also returns whether the caller must then
+    /// serve them ([`Broker::serve_waiting`]): unless nothing was made ready
+    /// since the look began, a job may have been, and found nobody waiting.
     pub fn register(
         &self,
         conn: ConnId,
         tubes: Arc<[Tube]>,
-    ) -> (WaiterId, oneshot::Receiver<Handout>) {
-        self.waiters.register(conn, tubes)
+        looked: Option<Look>,
+    ) -> (WaiterId, oneshot::Receiver<Handout>, bool) {
+        self.waiters.register(conn, tubes, looked)
     }
 
-    /// Queues `conn` on `tubes`, then serves them: [`Broker::register`] and
-    /// [`Broker::serve_waiting`] in one.
+    /// Queues `conn` on `tubes`, then serves them if needed:
+    /// [`Broker::register`] and [`Broker::serve_waiting`] in one.
     pub async fn wait(
         &self,
         conn: ConnId,
         tubes: Arc<[Tube]>,
+        looked: Option<Look>,
     ) -> (WaiterId, oneshot::Receiver<Handout>) {
-        let registered = self.register(conn, tubes.clone());
-        self.serve(&tubes).await;
-        registered
+        let (waiter, rx, serve) = self.register(conn, tubes.clone(), looked);
+        if serve {
+            self.serve(&tubes).await;
+        }
+        (waiter, rx)
     }
 
     /// Hands the ready jobs of `tubes` to their waiting connections.

@@ -4,6 +4,15 @@
 //! waits on and removed from all of them at once when it is served or gives up,
 //! so a queue never holds stale entries and its length is the tube's
 //! `current-waiting`.
+//!
+//! A tube's queue also remembers whether the tube is known to have nothing
+//! to reserve: a look at the store that found nothing, with no hand-out
+//! served since it began. Every change that makes a job ready is followed by
+//! a hand-out ([`Waiters::served`]), so until one comes, another look would
+//! find nothing too, and a reserve can queue without asking the store; when
+//! it comes, it finds the reserve queued. On Redis that spares a round trip
+//! for each worker that comes back for more while its tube is empty, and
+//! the hand-out that would otherwise follow its queueing.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -38,13 +47,32 @@ struct Entry {
     tx: oneshot::Sender<Handout>,
 }
 
+/// The waiters of one tube, and what is known of its ready jobs.
+struct Queue {
+    /// The ids waiting on it, in arrival order.
+    ids: BTreeSet<WaiterId>,
+    /// The last hand-out of this tube (a [`Look`] number), or when the
+    /// queue began, if later: hand-outs before that are not known.
+    served: u64,
+    /// The tube had nothing to reserve at a look begun then, and no
+    /// hand-out of it came since.
+    empty_since: Option<u64>,
+}
+
 #[derive(Default)]
 struct Inner {
     next: WaiterId,
     entries: HashMap<WaiterId, Entry>,
-    /// Per tube, the ids waiting on it in arrival order.
-    queues: HashMap<Tube, BTreeSet<WaiterId>>,
+    /// Per tube with anyone waiting.
+    queues: HashMap<Tube, Queue>,
+    /// Counts hand-outs, so that a look can tell whether one came after it
+    /// began.
+    seq: u64,
 }
+
+/// When a look at the store began, among the hand-outs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Look(u64);
 
 /// The registry of waiting connections.
 #[derive(Default)]
@@ -62,26 +90,89 @@ pub struct Head {
     pub tubes: Arc<[Tube]>,
 }
 
+impl Queue {
+    fn found_empty(&mut self, look: Look) {
+        if self.served <= look.0 && self.empty_since.is_none() {
+            self.empty_since = Some(look.0);
+        }
+    }
+}
+
 impl Waiters {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Before a look at the store for a job of `tubes`: when it begins, and
+    /// whether every one of them is known to have nothing to reserve, so
+    /// that the look would find nothing and can be spared.
+    pub fn look(&self, tubes: &[Tube]) -> (Look, bool) {
+        let inner = self.lock();
+        let known = !tubes.is_empty()
+            && tubes.iter().all(|tube| {
+                (inner.queues.get(tube)).is_some_and(|queue| queue.empty_since.is_some())
+            });
+        (Look(inner.seq), known)
+    }
+
+    /// A look begun at `look` found nothing to reserve in any of `tubes`:
+    /// those no hand-out came to since are known to have nothing.
+    pub fn found_empty(&self, tubes: &[Tube], look: Look) {
+        let mut inner = self.lock();
+        for tube in tubes {
+            if let Some(queue) = inner.queues.get_mut(tube) {
+                queue.found_empty(look);
+            }
+        }
+    }
+
+    /// A hand-out of `tubes` begins: something may have made jobs of them
+    /// ready. Returns those anyone waits on.
+    pub fn served(&self, tubes: &[Tube]) -> Vec<Tube> {
+        let mut inner = self.lock();
+        inner.seq += 1;
+        let seq = inner.seq;
+        let mut waited = Vec::new();
+        for tube in tubes {
+            if let Some(queue) = inner.queues.get_mut(tube) {
+                queue.served = seq;
+                queue.empty_since = None;
+                waited.push(tube.clone());
+            }
+        }
+        waited
+    }
+
     /// Queues `conn` on `tubes`; the receiver gets the job it is handed.
+    /// `looked`: when the look that found nothing in any of them began.
+    /// Also returns whether the tubes must be served now: unless no
+    /// hand-out of any came since that look, a job made ready meanwhile may
+    /// have found nobody waiting.
     pub fn register(
         &self,
         conn: ConnId,
         tubes: Arc<[Tube]>,
-    ) -> (WaiterId, oneshot::Receiver<Handout>) {
+        looked: Option<Look>,
+    ) -> (WaiterId, oneshot::Receiver<Handout>, bool) {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.lock();
         inner.next += 1;
-        let id = inner.next;
+        let (id, seq) = (inner.next, inner.seq);
+        let mut serve = looked.is_none();
         for tube in tubes.iter() {
-            inner.queues.entry(tube.clone()).or_default().insert(id);
+            let queue = inner.queues.entry(tube.clone()).or_insert_with(|| Queue {
+                ids: BTreeSet::new(),
+                served: seq,
+                empty_since: None,
+            });
+            queue.ids.insert(id);
+            match looked {
+                Some(look) if queue.served <= look.0 => queue.found_empty(look),
+                _ => serve = true,
+            }
         }
         inner.entries.insert(id, Entry { conn, tubes, tx });
-        (id, rx)
+        (id, rx, serve)
     }
 
     /// Removes a waiter and returns its sender, if it is still registered.
@@ -90,8 +181,8 @@ impl Waiters {
         let entry = inner.entries.remove(&id)?;
         for tube in entry.tubes.iter() {
             if let Some(queue) = inner.queues.get_mut(tube) {
-                queue.remove(&id);
-                if queue.is_empty() {
+                queue.ids.remove(&id);
+                if queue.ids.is_empty() {
                     inner.queues.remove(tube);
                 }
             }
@@ -106,6 +197,7 @@ impl Waiters {
             return Vec::new();
         };
         queue
+            .ids
             .iter()
             .take(n)
             .map(|&id| {
@@ -119,14 +211,12 @@ impl Waiters {
             .collect()
     }
 
-    /// Whether anyone waits on `tube`.
-    pub fn any(&self, tube: &Tube) -> bool {
-        self.lock().queues.contains_key(tube)
-    }
-
     /// Connections waiting on `tube`.
     pub fn waiting_on(&self, tube: &Tube) -> u64 {
-        self.lock().queues.get(tube).map_or(0, |q| q.len() as u64)
+        self.lock()
+            .queues
+            .get(tube)
+            .map_or(0, |q| q.ids.len() as u64)
     }
 
     /// Every tube someone waits on.

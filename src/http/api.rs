@@ -193,12 +193,8 @@ async fn run<S: Store>(
     };
     match outcome {
         Outcome::Reply(reply) => reply,
-        Outcome::Wait {
-            tubes,
-            timeout,
-            batch,
-        } => {
-            let mut blocked = session.block(tubes, timeout, batch, started);
+        Outcome::Wait(wanted) => {
+            let mut blocked = session.block(wanted, started);
             // Every reserve here has a timeout (`reserve` sees to it).
             let until = blocked
                 .timeout_at()

@@ -14,7 +14,6 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{FutureExt, SinkExt, StreamExt};
@@ -28,8 +27,7 @@ use super::codec::{Codec, Limits, Request};
 use super::command::Command;
 use super::failure::failed;
 use super::reply::{Reply, Response};
-use super::session::{Outcome, Session, Shared};
-use crate::names::Tube;
+use super::session::{Outcome, Session, Shared, Wanted};
 use crate::store::{ConnId, Store, held};
 
 /// A byte stream a client connection runs over: a `TcpStream`, or a TLS
@@ -132,20 +130,11 @@ async fn answer<S: Store, T: Transport>(
     let reply = match outcome {
         Outcome::Reply(reply) => reply,
         Outcome::Quit => return false,
-        Outcome::Wait {
-            tubes,
-            timeout,
-            batch,
-        } => {
+        Outcome::Wait(wanted) => {
             if !flush_safe(wire).await {
                 return false;
             }
             shrink_when_idle(wire);
-            let wanted = Wanted {
-                tubes,
-                timeout,
-                batch,
-            };
             match wait(wire, session, wanted, started, shutdown).await {
                 Some(reply) => reply,
                 None => return false,
@@ -352,13 +341,8 @@ async fn wait<S: Store, T: Transport>(
     started: Instant,
     shutdown: &CancellationToken,
 ) -> Option<Reply> {
-    let Wanted {
-        tubes,
-        timeout,
-        batch,
-    } = wanted;
     let soon_at = session.deadline_soon_at();
-    let mut blocked = session.block(tubes, timeout, batch, started);
+    let mut blocked = session.block(wanted, started);
     let timeout_at = blocked.timeout_at();
     let mut ahead = BytesMut::new();
     let give_up = loop {
@@ -384,14 +368,4 @@ async fn wait<S: Store, T: Transport>(
     };
     wire.read_buffer_mut().extend_from_slice(&ahead);
     blocked.end(session, give_up).await
-}
-
-/// What a blocked reserve waits for.
-struct Wanted {
-    /// The tubes it takes from.
-    tubes: Arc<[Tube]>,
-    /// How long it waits at most.
-    timeout: Option<Duration>,
-    /// For a batch: the most jobs it takes once one is handed over.
-    batch: Option<usize>,
 }

@@ -13,7 +13,7 @@ use super::export;
 use super::failure::failed;
 use super::options;
 use super::reply::Reply;
-use super::session::{Outcome, Session, secs};
+use super::session::{Outcome, Session, Wanted, secs};
 use super::stats::{render_job, render_tube, render_tubes};
 use crate::auth::Access;
 use crate::error::StoreResult;
@@ -303,7 +303,18 @@ impl<S: Store> Session<S> {
                 Arc::from(tubes)
             }
         };
-        let reply = if let Some(reply) = self.reserve_now(&tubes, batch).await? {
+        // A reserve that would wait anyway need not look at the store when
+        // its tubes are known to have nothing (see `Broker::look`): its
+        // look would find nothing. One that would not wait always looks: on
+        // an engine shared with other processes, what they made ready is
+        // known here only once their news arrives.
+        let (looked, known_empty) = self.broker().look(&tubes);
+        let found = if known_empty && timeout != Some(0) {
+            None
+        } else {
+            self.reserve_now(&tubes, batch).await?
+        };
+        let reply = if let Some(reply) = found {
             reply
         } else if self
             .deadline_soon_at()
@@ -326,11 +337,12 @@ impl<S: Store> Session<S> {
                 Reply::TimedOut
             }
         } else {
-            return Ok(Outcome::Wait {
+            return Ok(Outcome::Wait(Wanted {
                 tubes,
                 timeout: timeout.map(secs),
                 batch,
-            });
+                looked,
+            }));
         };
         Ok(Outcome::Reply(reply))
     }

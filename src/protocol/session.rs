@@ -16,7 +16,7 @@ use super::command::Command;
 use super::reply::Reply;
 use super::stats::{Cmd, ServerStats};
 use crate::auth::Access;
-use crate::broker::{Broker, Handout, WaiterId};
+use crate::broker::{Broker, Handout, Look, WaiterId};
 use crate::config::Config;
 use crate::error::StoreResult;
 use crate::job::{NewJob, Reserved};
@@ -39,18 +39,24 @@ pub struct Shared<S> {
 pub enum Outcome {
     /// Send this reply.
     Reply(Reply),
-    /// Nothing is ready: block until a job of `tubes` is handed over, the
-    /// timeout passes, or a reserved job's deadline comes near.
-    Wait {
-        /// The tubes to wait on.
-        tubes: Arc<[Tube]>,
-        /// How long to wait at most.
-        timeout: Option<Duration>,
-        /// For a batch: the most jobs to take once one is handed over.
-        batch: Option<usize>,
-    },
+    /// Nothing is ready: block until a job is handed over, the timeout
+    /// passes, or a reserved job's deadline comes near.
+    Wait(Wanted),
     /// Close the connection.
     Quit,
+}
+
+/// What a reserve that found nothing ready waits for.
+#[derive(Debug)]
+pub struct Wanted {
+    /// The tubes it takes from.
+    pub tubes: Arc<[Tube]>,
+    /// How long it waits at most.
+    pub timeout: Option<Duration>,
+    /// For a batch: the most jobs it takes once one is handed over.
+    pub batch: Option<usize>,
+    /// When its look at the store, which found nothing, began.
+    pub looked: Look,
 }
 
 /// One connection's state: its tubes and the jobs it holds.
@@ -372,23 +378,26 @@ impl<S: Store> Session<S> {
     /// between the reserve's look and the queueing is not missed.
     ///
     /// `started` is when the reserve began: its time on the store is
-    /// counted from then.
-    pub fn block(
-        &self,
-        tubes: Arc<[Tube]>,
-        timeout: Option<Duration>,
-        batch: Option<usize>,
-        started: Instant,
-    ) -> Blocked<S> {
+    /// counted from then; `looked`, when its look that found nothing began
+    /// (no serving is needed if nothing was made ready since).
+    pub fn block(&self, wanted: Wanted, started: Instant) -> Blocked<S> {
+        let Wanted {
+            tubes,
+            timeout,
+            batch,
+            looked,
+        } = wanted;
         let timeout_at = timeout.map(|t| Instant::now() + t);
-        let (waiter, rx) = self.broker().register(self.id, tubes.clone());
+        let (waiter, rx, serve) = self.broker().register(self.id, tubes.clone(), Some(looked));
         // Served in a task of its own, not before the wait: should the store
         // hang, the timeout still ends the wait on time; and a pass is never
         // cut off half way (a job it reserved for a waiter that left is given
         // back, not left reserved by a closed connection).
-        let shared = self.shared.clone();
-        let serving = tubes.clone();
-        tokio::spawn(async move { shared.broker.serve_waiting(&serving).await });
+        if serve {
+            let shared = self.shared.clone();
+            let serving = tubes.clone();
+            tokio::spawn(async move { shared.broker.serve_waiting(&serving).await });
+        }
         Blocked {
             shared: self.shared.clone(),
             conn: self.id,
@@ -587,6 +596,16 @@ mod tests {
         })
     }
 
+    /// A reserve of `tubes` with no timeout, as if its look began now.
+    fn wanted(shared: &Shared<MemoryStore>, tubes: &Arc<[Tube]>) -> Wanted {
+        Wanted {
+            tubes: tubes.clone(),
+            timeout: None,
+            batch: None,
+            looked: shared.broker.look(tubes).0,
+        }
+    }
+
     async fn waiting(shared: &Shared<MemoryStore>) -> u64 {
         shared.broker.stats().await.expect("stats").1
     }
@@ -598,14 +617,14 @@ mod tests {
         let tubes: Arc<[Tube]> = Arc::from([tube.clone()]);
         let session = Session::request(shared.clone(), 7, tube.clone());
 
-        let blocked = session.block(tubes.clone(), None, None, Instant::now());
+        let blocked = session.block(wanted(&shared, &tubes), Instant::now());
         assert_eq!(waiting(&shared).await, 1);
         drop(blocked);
         assert_eq!(waiting(&shared).await, 0);
 
         // The put's hand-out pass reserves the job for the waiter and sends
         // it, but the waiter is dropped before it looks.
-        let blocked = session.block(tubes.clone(), None, None, Instant::now());
+        let blocked = session.block(wanted(&shared, &tubes), Instant::now());
         let job = NewJob {
             tube: tube.clone(),
             id: None,

@@ -28,6 +28,8 @@ store_tests!(
     every_way_a_job_becomes_ready_serves_the_waiting,
     the_timer_serves_the_waiting,
     release_all_returns_only_the_connections_own_jobs,
+    a_tube_known_empty_spares_the_look_and_still_serves_the_waiting,
+    a_job_made_ready_between_the_look_and_the_queueing_is_handed_over,
 );
 
 /// The tubes a waiting connection waits on.
@@ -45,6 +47,23 @@ fn handed(rx: &mut oneshot::Receiver<Handout>) -> JobId {
 }
 
 impl<S: Store> Env<S> {
+    /// Blocks `conn` on `name` as a session's `reserve` does: looks at the
+    /// store unless the tube is known to have nothing, then queues. Returns
+    /// whether the look was spared, and the receiver.
+    async fn block(&self, conn: u64, name: &str) -> (bool, oneshot::Receiver<Handout>) {
+        let tubes = on(&[name]);
+        let (looked, known_empty) = self.broker.look(&tubes);
+        if !known_empty {
+            let got = self.broker.reserve(conn, &tubes).await.unwrap();
+            assert!(got.is_none(), "{name} has a job ready: {got:?}");
+        }
+        let (_, rx, serve) = self.broker.register(conn, tubes.clone(), Some(looked));
+        if serve {
+            self.broker.serve_waiting(&tubes).await;
+        }
+        (known_empty, rx)
+    }
+
     /// Connections waiting on a tube (the broker's figure, in stats-tube),
     /// and on any tube (in stats).
     async fn waiting(&self, name: &str) -> (u64, u64) {
@@ -56,7 +75,7 @@ impl<S: Store> Env<S> {
 
 async fn a_waiting_connection_is_handed_a_job_put_afterwards(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
-    let (waiter, mut rx) = env.broker.wait(1, on(&["a"])).await;
+    let (waiter, mut rx) = env.broker.wait(1, on(&["a"]), None).await;
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty), "nothing yet");
     assert_eq!(env.waiting("a").await, (1, 1));
     let id = env.put(job("a")).await;
@@ -74,7 +93,7 @@ async fn a_waiting_connection_is_handed_a_job_put_afterwards(env: Env<impl Store
 
 async fn a_job_already_ready_is_handed_over_as_the_connection_waits(env: Env<impl Store>) {
     let id = env.put(job("a")).await;
-    let (_, mut rx) = env.broker.wait(1, on(&["a"])).await;
+    let (_, mut rx) = env.broker.wait(1, on(&["a"]), None).await;
     assert_eq!(handed(&mut rx), id);
     assert_eq!(env.waiting("a").await, (0, 0));
     env.check_job(&id, JobState::Reserved, PRI, RESERVED_ONCE)
@@ -86,7 +105,7 @@ async fn the_longest_waiting_connection_is_served_first(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
     let mut waiters = Vec::new();
     for conn in 1..=3 {
-        waiters.push(env.broker.wait(conn, on(&["a"])).await.1);
+        waiters.push(env.broker.wait(conn, on(&["a"]), None).await.1);
     }
     let first = env.put(job("a")).await;
     let second = env.put(job("a")).await;
@@ -107,7 +126,7 @@ async fn a_connection_waiting_on_several_tubes_is_served_from_any(env: Env<impl 
     for name in ["a", "b"] {
         env.attach(name, TubeRef::Watching).await;
     }
-    let (_, mut rx) = env.broker.wait(1, on(&["a", "b"])).await;
+    let (_, mut rx) = env.broker.wait(1, on(&["a", "b"]), None).await;
     assert_eq!(env.waiting("a").await, (1, 1));
     assert_eq!(env.waiting("b").await, (1, 1));
     let id = env.put(job("b")).await;
@@ -117,7 +136,7 @@ async fn a_connection_waiting_on_several_tubes_is_served_from_any(env: Env<impl 
 
 async fn stop_waiting_withdraws_the_connection(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
-    let (waiter, mut rx) = env.broker.wait(1, on(&["a"])).await;
+    let (waiter, mut rx) = env.broker.wait(1, on(&["a"]), None).await;
     assert!(env.broker.stop_waiting(waiter));
     assert!(!env.broker.stop_waiting(waiter), "withdrawn already");
     assert_eq!(env.waiting("a").await, (0, 0));
@@ -131,7 +150,7 @@ async fn a_job_whose_waiter_has_gone_is_given_back(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
     // Gone without a word (its receiver dropped): the job it was handed
     // comes back as if never reserved.
-    drop(env.broker.wait(1, on(&["a"])).await);
+    drop(env.broker.wait(1, on(&["a"]), None).await);
     let lone = env.put(job("a")).await;
     env.check_job(&lone, JobState::Ready, PRI, NO_COUNTERS)
         .await;
@@ -139,8 +158,8 @@ async fn a_job_whose_waiter_has_gone_is_given_back(env: Env<impl Store>) {
     assert_eq!(env.waiting("a").await, (0, 0));
     assert!(env.broker.delete(1, &lone).await.unwrap());
     // With another connection waiting behind it, that one gets the job.
-    drop(env.broker.wait(2, on(&["a"])).await);
-    let (_, mut rx) = env.broker.wait(3, on(&["a"])).await;
+    drop(env.broker.wait(2, on(&["a"]), None).await);
+    let (_, mut rx) = env.broker.wait(3, on(&["a"]), None).await;
     let id = env.put(job("a")).await;
     assert_eq!(handed(&mut rx), id);
     env.check_job(&id, JobState::Reserved, PRI, RESERVED_ONCE)
@@ -156,25 +175,25 @@ async fn every_way_a_job_becomes_ready_serves_the_waiting(env: Env<impl Store>) 
 
     let released = env.put(job("a")).await;
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&released));
-    let (_, mut rx) = env.broker.wait(2, on(&["a"])).await;
+    let (_, mut rx) = env.broker.wait(2, on(&["a"]), None).await;
     assert!(env.release(1, &released, PRI).await);
     assert_eq!(handed(&mut rx), released, "release");
 
     let buried = env.put(job("a")).await;
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&buried));
     assert!(env.broker.bury(1, &buried, PRI).await.unwrap());
-    let (_, mut rx) = env.broker.wait(2, on(&["a"])).await;
+    let (_, mut rx) = env.broker.wait(2, on(&["a"]), None).await;
     assert_eq!(env.broker.kick(&a, 1).await.unwrap(), 1);
     assert_eq!(handed(&mut rx), buried, "kick");
 
     let delay = Duration::from_secs(10);
     let delayed = env.put(job("a").delay(delay)).await;
-    let (_, mut rx) = env.broker.wait(2, on(&["a"])).await;
+    let (_, mut rx) = env.broker.wait(2, on(&["a"]), None).await;
     assert!(env.broker.kick_job(&delayed).await.unwrap());
     assert_eq!(handed(&mut rx), delayed, "kick-job");
 
     assert!(env.pause("a", Duration::from_secs(60)).await);
-    let (_, mut rx) = env.broker.wait(2, on(&["a"])).await;
+    let (_, mut rx) = env.broker.wait(2, on(&["a"]), None).await;
     let paused = env.put(job("a")).await;
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty), "paused");
     assert!(env.pause("a", Duration::ZERO).await);
@@ -182,7 +201,7 @@ async fn every_way_a_job_becomes_ready_serves_the_waiting(env: Env<impl Store>) 
 
     let held = env.put(job("a")).await;
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&held));
-    let (_, mut rx) = env.broker.wait(2, on(&["a"])).await;
+    let (_, mut rx) = env.broker.wait(2, on(&["a"]), None).await;
     env.broker
         .release_all(1, std::slice::from_ref(&held))
         .await
@@ -200,7 +219,7 @@ async fn the_timer_serves_the_waiting(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
     let second = Duration::from_secs(1);
     let id = env.put(job("a").delay(second)).await;
-    let (_, mut rx) = env.broker.wait(1, on(&["a"])).await;
+    let (_, mut rx) = env.broker.wait(1, on(&["a"]), None).await;
     env.advance(second).await;
     assert_eq!(
         rx.try_recv(),
@@ -252,4 +271,77 @@ async fn release_all_returns_only_the_connections_own_jobs(env: Env<impl Store>)
     env.check_tube("b", ONE_READY, 1, 0).await;
     assert!(env.broker.finish(2, &theirs).await.unwrap());
     assert!(!env.broker.finish(1, &mine_a).await.unwrap());
+}
+
+/// A reserve whose tubes a look found empty, with nothing made ready since,
+/// queues without asking the store (on Redis, a round trip per worker that
+/// comes back for more while its tube is empty): whatever makes a job ready
+/// next is followed by a hand-out, which finds it queued.
+async fn a_tube_known_empty_spares_the_look_and_still_serves_the_waiting(env: Env<impl Store>) {
+    env.attach("a", TubeRef::Watching).await;
+    let (spared, mut first) = env.block(1, "a").await;
+    assert!(!spared, "nothing was known of the tube before");
+    let (spared, mut second) = env.block(2, "a").await;
+    assert!(
+        spared,
+        "the first look found nothing, and nothing came since"
+    );
+    let (spared, mut third) = env.block(3, "a").await;
+    assert!(spared);
+    // Another tube's job says nothing of this one.
+    env.put(job("b")).await;
+    assert!(env.broker.look(&on(&["a"])).1, "b's job is not a's");
+
+    let put = env.put(job("a")).await;
+    assert_eq!(handed(&mut first), put, "put");
+    // The hand-out found nothing more for the others.
+    assert!(env.broker.look(&on(&["a"])).1);
+    assert!(env.release(1, &put, PRI).await);
+    assert_eq!(handed(&mut second), put, "release");
+
+    let (spared, mut fourth) = env.block(4, "a").await;
+    assert!(spared);
+    (env.broker.release_all(2, std::slice::from_ref(&put)).await).unwrap();
+    assert_eq!(handed(&mut third), put, "release-all");
+
+    let second = Duration::from_secs(1);
+    let delayed = env.put(job("a").delay(second)).await;
+    let (spared, mut fifth) = env.block(5, "a").await;
+    assert!(spared, "a delayed job is no ready one");
+    env.advance(second).await;
+    env.broker.tick().await.unwrap();
+    let last = env.put(job("a")).await;
+    // Each got one. (Which got which is not the point here: on a cluster,
+    // the reserves of one hand-out round run at once, and one that must
+    // first learn what the shards hold can finish after the other.)
+    let mut got = [handed(&mut fourth), handed(&mut fifth)];
+    got.sort();
+    let mut both = [delayed, last];
+    both.sort();
+    assert_eq!(got, both, "timer, then put");
+    assert_eq!(env.waiting("a").await, (0, 0));
+    // With nobody waiting, nothing is known: the next reserve looks.
+    assert!(!env.broker.look(&on(&["a"])).1);
+}
+
+/// The race the serving after a reserve's queueing is for: a job made ready
+/// after its look, while nobody waited, is handed over once it queues.
+async fn a_job_made_ready_between_the_look_and_the_queueing_is_handed_over(env: Env<impl Store>) {
+    env.attach("a", TubeRef::Watching).await;
+    let tubes = on(&["a"]);
+    let (looked, known_empty) = env.broker.look(&tubes);
+    assert!(!known_empty);
+    assert!(env.broker.reserve(1, &tubes).await.unwrap().is_none());
+    let id = env.put(job("a")).await;
+    let (_, mut rx, serve) = env.broker.register(1, tubes.clone(), Some(looked));
+    assert!(serve, "a job was made ready after the look");
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    env.broker.serve_waiting(&tubes).await;
+    assert_eq!(handed(&mut rx), id);
+    // Queued again right after a look that found nothing, and nothing
+    // made ready since: no serving is needed.
+    let (looked, _) = env.broker.look(&tubes);
+    assert!(env.broker.reserve(2, &tubes).await.unwrap().is_none());
+    let (_, _, serve) = env.broker.register(2, tubes, Some(looked));
+    assert!(!serve);
 }
