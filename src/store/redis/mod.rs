@@ -60,14 +60,16 @@ const BATCH: u64 = 1000;
 /// workers wait for the jobs they move, and calls queued behind a tick wait
 /// for all of it.
 const TICK_BATCH: u64 = 250;
-/// The timer's longest sleep: each tick renews this process's alive mark
-/// (which expires after 3 s), and catches a due time another process created
-/// but could not announce.
+/// The timer's longest sleep: a tick at least this often renews this
+/// process's alive mark (which expires after 3 s; see `HEARTBEAT`), and
+/// catches a due time another process created but could not announce.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Keys a process takes from the cluster-wide sequence at a time.
 const KEY_BLOCK: u64 = 256;
-/// On a cluster, how often the control slot hears that this process lives
-/// (and says which others do, and which tubes are paused).
+/// How often the timer's tick renews this process's alive mark and forgets
+/// the processes whose mark expired; on a cluster, how often the control
+/// slot hears that this process lives (and says which others do, and which
+/// tubes are paused).
 const HEARTBEAT: Duration = Duration::from_millis(500);
 /// How often a cluster's slot map is asked for, to choose the shards of new
 /// jobs among the primaries (a slot moves rarely: a failover moves none).
@@ -105,7 +107,8 @@ pub struct RedisStore {
     queues: Vec<mpsc::UnboundedSender<Op>>,
     /// On a cluster, the shards.
     sharding: Option<Arc<Sharding>>,
-    /// When the control slot last heard from this process (cluster).
+    /// When this process last renewed its alive mark (on a cluster, in the
+    /// control slot).
     beat: Mutex<Option<Instant>>,
     /// The connection, for what is not a function call (the slot map).
     conn: Conn,
@@ -1082,8 +1085,22 @@ impl Store for RedisStore {
         if let Some(s) = &self.sharding {
             return self.tick_sharded(s).await;
         }
-        let args = vec![Arg::Int(TICK_BATCH), Arg::Text(self.process.clone())];
+        // The alive mark and the check on the other processes, at most
+        // every HEARTBEAT: under load the timer ticks hundreds of times a
+        // second, and they were four of a tick's twenty-odd commands.
+        let now = Instant::now();
+        let beat_due = (self.beat.lock().unwrap_or_else(PoisonError::into_inner))
+            .is_none_or(|last| now.duration_since(last) >= HEARTBEAT);
+        let process = if beat_due {
+            Arg::Text(self.process.clone())
+        } else {
+            Arg::Static("")
+        };
+        let args = vec![Arg::Int(TICK_BATCH), process];
         let (next, ready) = ticked(self.op(Kind::Moves, "tick", args).await?)?;
+        if beat_due {
+            *self.beat.lock().unwrap_or_else(PoisonError::into_inner) = Some(now);
+        }
         Ok(Tick { ready, next })
     }
 
