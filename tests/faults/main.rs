@@ -13,7 +13,7 @@
 //! client being the tests' one in its fallible mode; `in_process`, `ledger`,
 //! `load`, and `restarts::killed_and_restarted` over any engine that keeps
 //! jobs across a process) and the tests grouped by theme (`restarts`,
-//! `durable`, `timers`, `redis_down`, `durability`).
+//! `durable`, `timers`, `handout`, `redis_down`, `durability`).
 //!
 //! CI runs a bounded version of every test. `DELAYQ_SOAK=1` runs the long
 //! one by hand (more faults, more jobs, ten-second outages), and each test
@@ -34,6 +34,7 @@ mod load;
 mod cluster;
 mod durability;
 mod durable;
+mod handout;
 mod rate;
 mod redis_down;
 mod replicas;
