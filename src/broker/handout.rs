@@ -59,10 +59,20 @@ impl<S: Store> Broker<S> {
     /// passes: while one runs, the others mark their tubes and wait, and the
     /// next pass serves all they marked at once, so a burst of puts costs a
     /// few passes, not one each.
-    pub(super) async fn serve(&self, tubes: &[Tube]) {
+    ///
+    /// `made_ready`: something may have made jobs of `tubes` ready, so that
+    /// whatever was known of them having none is forgotten. Without it,
+    /// the pass only checks (see [`Broker::serve_waiting`]); were a check
+    /// to forget too, then under a burst of reserves each check would make
+    /// the next reserves look at the store, and their checks the next.
+    pub(super) async fn serve(&self, tubes: &[Tube], made_ready: bool) {
         let ticket = {
             let mut passes = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
-            let waited = self.waiters.served(tubes);
+            let waited = if made_ready {
+                self.waiters.served(tubes)
+            } else {
+                self.waiters.waited(tubes)
+            };
             if waited.is_empty() {
                 return;
             }

@@ -270,7 +270,7 @@ impl<S: Store> Broker<S> {
             .call(StoreOp::Kick, self.store.kick(tube, bound))
             .await?;
         if n > 0 {
-            self.serve(std::slice::from_ref(tube)).await;
+            self.serve(std::slice::from_ref(tube), true).await;
         }
         Ok(n)
     }
@@ -280,7 +280,7 @@ impl<S: Store> Broker<S> {
         let Some(tube) = self.call(StoreOp::KickJob, self.store.kick_job(id)).await? else {
             return Ok(false);
         };
-        self.serve(&[tube]).await;
+        self.serve(&[tube], true).await;
         Ok(true)
     }
 
@@ -301,7 +301,7 @@ impl<S: Store> Broker<S> {
         let tubes = self
             .call(StoreOp::ReleaseAll, self.store.release_all(conn, held))
             .await?;
-        self.serve(&tubes).await;
+        self.serve(&tubes, true).await;
         Ok(())
     }
 
@@ -407,14 +407,16 @@ impl<S: Store> Broker<S> {
     ) -> (WaiterId, oneshot::Receiver<Handout>) {
         let (waiter, rx, serve) = self.register(conn, tubes.clone(), looked);
         if serve {
-            self.serve(&tubes).await;
+            self.serve(&tubes, false).await;
         }
         (waiter, rx)
     }
 
-    /// Hands the ready jobs of `tubes` to their waiting connections.
+    /// Hands the ready jobs of `tubes` to their waiting connections: the
+    /// check after [`Broker::register`] asked for it, which does not by
+    /// itself mean anything was made ready.
     pub async fn serve_waiting(&self, tubes: &[Tube]) {
-        self.serve(tubes).await;
+        self.serve(tubes, false).await;
     }
 
     /// Waits for a hand-out pass under way to finish: a job it reserved
@@ -443,13 +445,13 @@ impl<S: Store> Broker<S> {
     /// the next due time, if anything is pending.
     pub async fn tick(&self) -> StoreResult<Option<Duration>> {
         let tick = self.call(StoreOp::Tick, self.store.tick()).await?;
-        self.serve(&tick.ready).await;
+        self.serve(&tick.ready, true).await;
         Ok(tick.next)
     }
 
     async fn ready_or_later(&self, tube: Tube, after: Duration) {
         if after.is_zero() {
-            self.serve(&[tube]).await;
+            self.serve(&[tube], true).await;
         } else {
             self.alarm.schedule(after);
         }

@@ -27,11 +27,11 @@ impl<S: Store> Broker<S> {
                 () = shutdown.cancelled() => return,
             };
             match event {
-                Some(StoreEvent::Ready(tube)) => self.serve(&[tube]).await,
+                Some(StoreEvent::Ready(tube)) => self.serve(&[tube], true).await,
                 Some(StoreEvent::Due(after)) => self.alarm.schedule(after),
                 Some(StoreEvent::Resync) => {
                     self.reschedule.notify_one();
-                    self.serve(&self.waiters.tubes()).await;
+                    self.serve(&self.waiters.tubes(), true).await;
                 }
                 Some(StoreEvent::Schedules) => self.reschedule.notify_one(),
                 None => return,

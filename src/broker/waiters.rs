@@ -143,6 +143,15 @@ impl Waiters {
         waited
     }
 
+    /// Those of `tubes` anyone waits on.
+    pub fn waited(&self, tubes: &[Tube]) -> Vec<Tube> {
+        let inner = self.lock();
+        (tubes.iter())
+            .filter(|tube| inner.queues.contains_key(*tube))
+            .cloned()
+            .collect()
+    }
+
     /// Queues `conn` on `tubes`; the receiver gets the job it is handed.
     /// `looked`: when the look that found nothing in any of them began.
     /// Also returns whether the tubes must be served now: unless no
