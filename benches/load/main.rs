@@ -295,6 +295,26 @@ async fn run(
     probe: &Probe,
     o: &Opts,
 ) -> io::Result<Report> {
+    let before = procs::machine_cpu();
+    let mut report = run_workload(what, addr, http, probe, o).await?;
+    // On a shared virtual machine the host may keep its CPUs waiting: a
+    // round with much stolen is no fair comparison with one without.
+    if let (Some((total0, stolen0)), Some((total1, stolen1))) = (before, procs::machine_cpu())
+        && total1 > total0
+    {
+        let share = (stolen1 - stolen0) as f64 / (total1 - total0) as f64;
+        report.add("CPU stolen (machine)", "%", share * 100.0);
+    }
+    Ok(report)
+}
+
+async fn run_workload(
+    what: What,
+    addr: &Endpoint,
+    http: Option<&Endpoint>,
+    probe: &Probe,
+    o: &Opts,
+) -> io::Result<Report> {
     match what {
         What::HttpCycle => {
             let http = http.ok_or_else(|| {

@@ -523,6 +523,20 @@ pub fn cpu(pid: u32) -> Duration {
     Duration::from_micros(ticks * 1_000_000 / hz)
 }
 
+/// The machine's CPU time so far, in ticks of all CPUs: the whole, and the
+/// part stolen (a virtual machine's CPUs kept waiting by the host for its
+/// other guests). `None` where `/proc/stat` has no such line.
+pub fn machine_cpu() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    // user nice system idle iowait irq softirq steal (guest time is
+    // counted in user already).
+    let ticks: Vec<u64> = (line.split_whitespace().skip(1).take(8))
+        .map(|t| t.parse().unwrap_or(0))
+        .collect();
+    Some((ticks.iter().sum(), *ticks.get(7)?))
+}
+
 /// Context switches of every thread so far: each is the process going to
 /// sleep or being put to sleep, so their rate is the rate it wakes up.
 pub fn switches(pid: u32) -> u64 {
