@@ -51,8 +51,9 @@ struct Entry {
 struct Queue {
     /// The ids waiting on it, in arrival order.
     ids: BTreeSet<WaiterId>,
-    /// The last hand-out of this tube (a [`Look`] number), or when the
-    /// queue began, if later: hand-outs before that are not known.
+    /// When something last may have made jobs of it ready (a [`Look`]
+    /// number; see [`Waiters::served`]), or when the queue began, if later:
+    /// what came before is not known.
     served: u64,
     /// The tube had nothing to reserve at a look begun then, and no
     /// hand-out of it came since.
@@ -65,12 +66,13 @@ struct Inner {
     entries: HashMap<WaiterId, Entry>,
     /// Per tube with anyone waiting.
     queues: HashMap<Tube, Queue>,
-    /// Counts hand-outs, so that a look can tell whether one came after it
-    /// began.
+    /// Counts the hand-outs of what may have made jobs ready, so that a
+    /// look can tell whether one came after it began.
     seq: u64,
 }
 
-/// When a look at the store began, among the hand-outs.
+/// When a look at the store began, among the hand-outs of what may have
+/// made jobs ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Look(u64);
 

@@ -374,12 +374,12 @@ impl<S: Store> Session<S> {
 
 impl<S: Store> Session<S> {
     /// Blocks a reserve that found nothing ready ([`Outcome::Wait`]): queues
-    /// this session on `tubes`, then serves them, so that a job made ready
-    /// between the reserve's look and the queueing is not missed.
+    /// this session on the tubes it wants, then, if anything may have made
+    /// a job of them ready since its look began, serves them, so that such
+    /// a job is not missed.
     ///
     /// `started` is when the reserve began: its time on the store is
-    /// counted from then; `looked`, when its look that found nothing began
-    /// (no serving is needed if nothing was made ready since).
+    /// counted from then.
     pub fn block(&self, wanted: Wanted, started: Instant) -> Blocked<S> {
         let Wanted {
             tubes,
