@@ -70,9 +70,6 @@ async fn beyond_max_connections_a_client_is_refused_politely(backend: Backend) {
     assert_eq!(stats.num("current-connections"), limit as u64);
 }
 
-/// Ten thousand connections, each blocked in `reserve-with-timeout`, on the
-/// real binary with its default limit; then a thousand jobs, each delivered
-/// to exactly one of them.
 /// `stats`, asked again while it is answered `INTERNAL_ERROR`: on Redis,
 /// while the first looks of ten thousand reserves queue ahead of it.
 async fn stats_patiently(c: &mut Client) -> Yaml {
@@ -89,6 +86,9 @@ async fn stats_patiently(c: &mut Client) -> Yaml {
     }
 }
 
+/// Ten thousand connections, each blocked in `reserve-with-timeout`, on the
+/// real binary with its default limit; then a thousand jobs, each delivered
+/// to exactly one of them.
 async fn ten_thousand_connections_at_once(backend: Backend) {
     // One backend at a time: both at once would need twice the descriptors.
     static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -172,7 +172,7 @@ async fn ten_thousand_connections_at_once(backend: Backend) {
     }
     let mut c = daemon.client().await;
     // Counted by hand rather than with `eventually`, so that a failure says
-    // where it stood (seen once in CI, on Redis, and not reproduced since).
+    // where it stood.
     let (limit, asking) = (Duration::from_secs(60), Instant::now());
     loop {
         let stats = stats_patiently(&mut c).await;
