@@ -509,6 +509,12 @@ impl Client {
     /// Reads an `OK <bytes>` reply and its YAML document.
     pub async fn read_yaml(&mut self) -> Yaml {
         let line = self.line().await;
+        self.yaml_after(&line).await
+    }
+
+    /// Reads the YAML document of the `OK <bytes>` reply `line`, already
+    /// read.
+    pub async fn yaml_after(&mut self, line: &str) -> Yaml {
         let len: usize = line
             .strip_prefix("OK ")
             .and_then(|n| n.parse().ok())

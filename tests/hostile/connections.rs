@@ -79,10 +79,7 @@ async fn stats_patiently(c: &mut Client) -> Yaml {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        let len: usize = (line.strip_prefix("OK ").and_then(|n| n.parse().ok()))
-            .unwrap_or_else(|| panic!("expected OK <bytes>, got {line:?}"));
-        let doc = c.read_exact(len + 2).await;
-        return Yaml::parse(std::str::from_utf8(&doc[..len]).expect("YAML is UTF-8"));
+        return c.yaml_after(&line).await;
     }
 }
 
