@@ -33,6 +33,7 @@ store_tests!(
     reserves_of_the_same_tubes_share_a_look_under_way,
     a_look_that_found_a_job_or_was_cut_off_sends_its_followers_to_look,
     a_look_overtaken_by_a_hand_out_of_its_tube_is_followed_no_more,
+    use_and_watch_counts_add_up_when_many_change_at_once,
 );
 
 /// The tubes a waiting connection waits on.
@@ -475,4 +476,40 @@ async fn a_look_overtaken_by_a_hand_out_of_its_tube_is_followed_no_more(env: Env
     assert!(serve, "a job was made ready after the look began");
     env.broker.serve_waiting(&tubes).await;
     assert_eq!(handed(&mut rx), put);
+}
+
+/// Use and watch counts changed by many connections at once (on Redis they
+/// are gathered into one change per tube and count) add up, including
+/// changes that cancel out.
+async fn use_and_watch_counts_add_up_when_many_change_at_once(env: Env<impl Store>) {
+    let a = tube("a");
+    let mut changes = Vec::new();
+    for i in 0..300 {
+        changes.push((TubeRef::Using, i < 200));
+        changes.push((TubeRef::Watching, i < 250));
+    }
+    for (how, on) in &changes {
+        if !on {
+            // Attached first, so that each detach undoes an attach.
+            env.broker.attach(&a, *how).await.unwrap();
+        }
+    }
+    let (broker, a) = (&env.broker, &a);
+    let all = changes.iter().map(|&(how, on)| async move {
+        if on {
+            broker.attach(a, how).await
+        } else {
+            broker.detach(a, how).await
+        }
+    });
+    for result in futures_util::future::join_all(all).await {
+        result.unwrap();
+    }
+    let stats = env
+        .broker
+        .stats_tube(a)
+        .await
+        .unwrap()
+        .expect("the tube exists");
+    assert_eq!((stats.0.using, stats.0.watching), (200, 250));
 }

@@ -32,6 +32,7 @@ mod connect;
 mod decode;
 mod events;
 mod library;
+mod refs;
 mod shards;
 
 pub use conn::Target;
@@ -42,6 +43,7 @@ use batch::{Arg, Op, server_id_key};
 use conn::Conn;
 use decode::{corrupt, fail, job_body, job_id, parse, reserved, tube};
 use library::{Kind, Library};
+use refs::Refs;
 use shards::Sharding;
 
 use super::{ConnId, Store, StoreEvent, Tick, TubeRef};
@@ -117,6 +119,8 @@ pub struct RedisStore {
     /// This process's block of the cluster-wide key sequence: the next key
     /// and the end.
     keys: tokio::sync::Mutex<(u64, u64)>,
+    /// Changes of the tubes' use and watch counts, gathered.
+    refs: Refs,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
     /// Stops the event listener when the store is dropped.
     _listener: DropGuard,
@@ -190,7 +194,7 @@ impl RedisStore {
             Some(s) => s.tags.clone(),
             None => vec![tag.clone()],
         };
-        let queues = tags
+        let queues: Vec<_> = tags
             .into_iter()
             .enumerate()
             .map(|(i, t)| {
@@ -207,6 +211,7 @@ impl RedisStore {
                 queue
             })
             .collect();
+        let refs = Refs::new(queues[queues.len() - 1].clone(), process.clone());
         let store = RedisStore {
             tag,
             process,
@@ -216,6 +221,7 @@ impl RedisStore {
             conn: conn.clone(),
             mapped: Mutex::new(None),
             keys: tokio::sync::Mutex::new((0, 0)),
+            refs,
             events: Mutex::new(Some(rx)),
             _listener: stop.drop_guard(),
         };
@@ -1352,12 +1358,6 @@ impl RedisStore {
             TubeRef::Using => "u",
             TubeRef::Watching => "w",
         };
-        let args = vec![
-            Arg::Text(self.process.clone()),
-            Arg::Tube(t.clone()),
-            Arg::Static(field),
-            Arg::Text(delta.to_string()),
-        ];
-        self.write::<i64>("tube_ref", args).await.map(drop)
+        self.refs.change(t, field, delta).await
     }
 }
