@@ -431,12 +431,9 @@ impl<S: Store> Broker<S> {
     /// 0`) spares its look when the tubes are known to have nothing (as in
     /// [`Broker::look`]), and follows a look of the same tubes already under
     /// way rather than make its own, when nothing was made ready since that
-    /// one began. Looks are shared only on an engine that says they cost
-    /// it ([`Store::shares_looks`]).
+    /// one began.
     pub fn plan(&self, tubes: &Arc<[Tube]>, may_wait: bool) -> (Look, Plan<'_>) {
-        let (look, course) = self
-            .waiters
-            .plan(tubes, may_wait, self.store.shares_looks());
+        let (look, course) = self.waiters.plan(tubes, may_wait);
         let plan = match course {
             Course::Spare => Plan::Spare,
             Course::Follow(outcome) => Plan::Follow(outcome),
@@ -449,12 +446,6 @@ impl<S: Store> Broker<S> {
             }),
         };
         (look, plan)
-    }
-
-    /// Whether reserves of the same tubes share a look under way (the
-    /// engine's choice, [`Store::shares_looks`]).
-    pub fn shares_looks(&self) -> bool {
-        self.store.shares_looks()
     }
 
     /// Queues `conn` on `tubes`, after a reserve's look begun at `looked`

@@ -159,9 +159,8 @@ impl Waiters {
     /// that may wait (`may_wait`, not `reserve-with-timeout 0`) spares its
     /// look when the tubes are known empty, and follows a look of the same
     /// tubes under way when no hand-out came since that look began, so its
-    /// outcome is what this one would find too. Any reserve may lead, if
-    /// looks are `shared` at all.
-    pub fn plan(&self, tubes: &Arc<[Tube]>, may_wait: bool, shared: bool) -> (Look, Course) {
+    /// outcome is what this one would find too. Any reserve may lead.
+    pub fn plan(&self, tubes: &Arc<[Tube]>, may_wait: bool) -> (Look, Course) {
         let mut inner = self.lock();
         let look = Look(inner.seq);
         if may_wait && !tubes.is_empty() {
@@ -171,9 +170,6 @@ impl Waiters {
             if known {
                 return (look, Course::Spare);
             }
-            if !shared {
-                return (look, Course::Alone);
-            }
             if let Some(flight) = inner.flights.get_mut(tubes) {
                 if flight.stale {
                     return (look, Course::Alone);
@@ -182,7 +178,7 @@ impl Waiters {
                 flight.followers.push(tx);
                 return (look, Course::Follow(rx));
             }
-        } else if !shared || inner.flights.contains_key(tubes) {
+        } else if inner.flights.contains_key(tubes) {
             return (look, Course::Alone);
         }
         inner.next_flight += 1;

@@ -289,13 +289,4 @@ pub trait Store: Send + Sync + 'static {
     fn call_limit(&self) -> Option<Duration> {
         None
     }
-
-    /// Whether reserves that look for a job of the same tubes at once
-    /// should share one look (see `Broker::plan`): an engine across the
-    /// network says so, as each look costs it a share of a round trip. An
-    /// embedded engine answers at once, and sharing would cost more than it
-    /// spares.
-    fn shares_looks(&self) -> bool {
-        false
-    }
 }

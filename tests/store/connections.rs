@@ -360,19 +360,6 @@ fn course(plan: &Plan<'_>) -> &'static str {
     }
 }
 
-/// Whether the engine shares looks; if not, checks that every reserve of
-/// `tubes` looks on its own. Only an engine across the network shares them:
-/// an embedded one answers at once.
-fn sharing<S: Store>(env: &Env<S>, tubes: &Arc<[Tube]>) -> bool {
-    let remote = std::any::type_name::<S>().contains("RedisStore");
-    assert_eq!(env.broker.shares_looks(), remote);
-    if !remote {
-        let plans = [env.broker.plan(tubes, true), env.broker.plan(tubes, true)];
-        assert_eq!(plans.map(|(_, plan)| course(&plan)), ["alone", "alone"]);
-    }
-    remote
-}
-
 /// A look a plan says to follow, and what it heard.
 async fn heard(plan: Plan<'_>) -> Result<bool, oneshot::error::RecvError> {
     match plan {
@@ -384,15 +371,11 @@ async fn heard(plan: Plan<'_>) -> Result<bool, oneshot::error::RecvError> {
 /// Reserves that come while a look of their tubes is under way wait for
 /// its outcome instead of each asking the store (ten thousand workers
 /// reconnecting at once made ten thousand looks, which queued in Redis
-/// past the time a command may take). Only an engine across the network
-/// shares looks. A reserve that may not wait (`reserve-with-timeout 0`)
-/// always looks; other tubes lead looks of their own.
+/// past the time a command may take). A reserve that may not wait
+/// (`reserve-with-timeout 0`) always looks; other tubes lead their own.
 async fn reserves_of_the_same_tubes_share_a_look_under_way(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
     let tubes = on(&["a"]);
-    if !sharing(&env, &tubes) {
-        return;
-    }
     let (looked, lead) = env.broker.plan(&tubes, true);
     assert_eq!(course(&lead), "lead");
     let (second_looked, second) = env.broker.plan(&tubes, true);
@@ -437,9 +420,6 @@ async fn reserves_of_the_same_tubes_share_a_look_under_way(env: Env<impl Store>)
 async fn a_look_that_found_a_job_or_was_cut_off_sends_its_followers_to_look(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
     let tubes = on(&["a"]);
-    if !sharing(&env, &tubes) {
-        return;
-    }
     let first = env.put(job("a")).await;
     let second = env.put(job("a")).await;
     let (_, lead) = env.broker.plan(&tubes, true);
@@ -477,9 +457,6 @@ async fn a_look_that_found_a_job_or_was_cut_off_sends_its_followers_to_look(env:
 async fn a_look_overtaken_by_a_hand_out_of_its_tube_is_followed_no_more(env: Env<impl Store>) {
     env.attach("a", TubeRef::Watching).await;
     let tubes = on(&["a"]);
-    if !sharing(&env, &tubes) {
-        return;
-    }
     let (_, lead) = env.broker.plan(&tubes, true);
     let (looked, follower) = env.broker.plan(&tubes, true);
     assert!(env.broker.reserve(1, &tubes).await.unwrap().is_none());

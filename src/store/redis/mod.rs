@@ -1130,10 +1130,6 @@ impl Store for RedisStore {
         Some(conn::CALL_TIMEOUT)
     }
 
-    fn shares_looks(&self) -> bool {
-        true
-    }
-
     fn describe(&self) -> String {
         match &self.sharding {
             Some(_) => format!(
