@@ -28,7 +28,6 @@ pub mod schedules;
 pub mod timer;
 mod waiters;
 
-use waiters::Course;
 pub use waiters::{Handout, Look, WaiterId};
 
 use crate::error::StoreResult;
@@ -43,46 +42,6 @@ use crate::store::{ConnId, Store, TubeRef};
 use handout::Passes;
 use timer::Alarm;
 use waiters::Waiters;
-
-/// What a reserve does about its look at the store ([`Broker::plan`]).
-pub enum Plan<'a> {
-    /// Nothing: its tubes are known to have nothing to reserve, and it can
-    /// queue at once.
-    Spare,
-    /// Waits for the outcome of a look under way of the same tubes: `Ok(true)`
-    /// if that found nothing, which then stands for this reserve's own look;
-    /// otherwise (it found a job, there may be more, or it was cut off) the
-    /// reserve looks itself.
-    Follow(oneshot::Receiver<bool>),
-    /// Looks, and then tells those who followed ([`Leading::land`]).
-    Lead(Leading<'a>),
-    /// Looks, on its own.
-    Alone,
-}
-
-/// A reserve's look that later reserves of the same tubes follow. Dropped
-/// without [`Leading::land`] (the look failed, or its command was cut
-/// off), it sends its followers to look themselves, so none waits on a look
-/// that will never end.
-pub struct Leading<'a> {
-    waiters: &'a Waiters,
-    tubes: Arc<[Tube]>,
-    id: u64,
-    empty: bool,
-}
-
-impl Leading<'_> {
-    /// The look is over: `empty` if it found nothing to reserve.
-    pub fn land(mut self, empty: bool) {
-        self.empty = empty;
-    }
-}
-
-impl Drop for Leading<'_> {
-    fn drop(&mut self) {
-        self.waiters.landed(&self.tubes, self.id, self.empty);
-    }
-}
 
 /// The store, the waiting connections and the timer's alarm clock.
 pub struct Broker<S> {
@@ -423,29 +382,6 @@ impl<S: Store> Broker<S> {
     /// is handed out to the waiting connections after).
     pub fn look(&self, tubes: &[Tube]) -> (Look, bool) {
         self.waiters.look(tubes)
-    }
-
-    /// Before a reserve looks at the store for a job of `tubes`: when the
-    /// look begins, for [`Broker::register`], and what the reserve does
-    /// about it. One that may wait (`may_wait`: not `reserve-with-timeout
-    /// 0`) spares its look when the tubes are known to have nothing (as in
-    /// [`Broker::look`]), and follows a look of the same tubes already under
-    /// way rather than make its own, when nothing was made ready since that
-    /// one began.
-    pub fn plan(&self, tubes: &Arc<[Tube]>, may_wait: bool) -> (Look, Plan<'_>) {
-        let (look, course) = self.waiters.plan(tubes, may_wait);
-        let plan = match course {
-            Course::Spare => Plan::Spare,
-            Course::Follow(outcome) => Plan::Follow(outcome),
-            Course::Alone => Plan::Alone,
-            Course::Lead(id) => Plan::Lead(Leading {
-                waiters: &self.waiters,
-                tubes: tubes.clone(),
-                id,
-                empty: false,
-            }),
-        };
-        (look, plan)
     }
 
     /// Queues `conn` on `tubes`, after a reserve's look begun at `looked`

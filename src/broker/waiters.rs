@@ -13,12 +13,6 @@
 //! it comes, it finds the reserve queued. On Redis that spares a round trip
 //! for each worker that comes back for more while its tube is empty, and
 //! the hand-out that would otherwise follow its queueing.
-//!
-//! Looks that begin together are shared: while a blocking reserve's look at
-//! the store is under way, a later blocking reserve of the same tubes waits
-//! for its outcome instead of looking too (see [`Waiters::plan`]). Ten
-//! thousand workers reconnecting at once then cost one look of their tube,
-//! not ten thousand that queue behind each other in Redis.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -66,17 +60,6 @@ struct Queue {
     empty_since: Option<u64>,
 }
 
-/// A look at the store under way, which later reserves of the same tubes
-/// follow instead of looking themselves.
-struct Flight {
-    id: u64,
-    /// A hand-out of one of its tubes came since it began, so what it
-    /// finds may be out of date: nobody else may follow it.
-    stale: bool,
-    /// Told whether it found nothing.
-    followers: Vec<oneshot::Sender<bool>>,
-}
-
 #[derive(Default)]
 struct Inner {
     next: WaiterId,
@@ -86,32 +69,12 @@ struct Inner {
     /// Counts the hand-outs of what may have made jobs ready, so that a
     /// look can tell whether one came after it began.
     seq: u64,
-    /// Looks under way, by the tubes they look at.
-    flights: HashMap<Arc<[Tube]>, Flight>,
-    next_flight: u64,
 }
 
 /// When a look at the store began, among the hand-outs of what may have
 /// made jobs ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Look(u64);
-
-/// What a reserve does about its look at the store.
-pub enum Course {
-    /// Nothing: its tubes are known to have nothing to reserve.
-    Spare,
-    /// Waits for the look under way of the same tubes: `true` if it found
-    /// nothing (and this reserve can take its outcome as its own), else the
-    /// reserve looks itself (the look found a job, there may be more, or it
-    /// was cut off).
-    Follow(oneshot::Receiver<bool>),
-    /// Looks, and says what it found ([`Waiters::landed`]), so that those
-    /// who follow it need not look.
-    Lead(u64),
-    /// Looks, on its own: a look of the same tubes is under way that it
-    /// cannot follow.
-    Alone,
-}
 
 /// The registry of waiting connections.
 #[derive(Default)]
@@ -154,61 +117,6 @@ impl Waiters {
         (Look(inner.seq), known)
     }
 
-    /// Before a reserve of `tubes` looks at the store: when its look begins
-    /// (for [`Waiters::register`]) and what it does about it. A reserve
-    /// that may wait (`may_wait`, not `reserve-with-timeout 0`) spares its
-    /// look when the tubes are known empty, and follows a look of the same
-    /// tubes under way when no hand-out came since that look began, so its
-    /// outcome is what this one would find too. Any reserve may lead.
-    pub fn plan(&self, tubes: &Arc<[Tube]>, may_wait: bool) -> (Look, Course) {
-        let mut inner = self.lock();
-        let look = Look(inner.seq);
-        if may_wait && !tubes.is_empty() {
-            let known = tubes.iter().all(|tube| {
-                (inner.queues.get(tube)).is_some_and(|queue| queue.empty_since.is_some())
-            });
-            if known {
-                return (look, Course::Spare);
-            }
-            if let Some(flight) = inner.flights.get_mut(tubes) {
-                if flight.stale {
-                    return (look, Course::Alone);
-                }
-                let (tx, rx) = oneshot::channel();
-                flight.followers.push(tx);
-                return (look, Course::Follow(rx));
-            }
-        } else if inner.flights.contains_key(tubes) {
-            return (look, Course::Alone);
-        }
-        inner.next_flight += 1;
-        let id = inner.next_flight;
-        let flight = Flight {
-            id,
-            stale: false,
-            followers: Vec::new(),
-        };
-        inner.flights.insert(tubes.clone(), flight);
-        (look, Course::Lead(id))
-    }
-
-    /// The look `flight` of `tubes` is over: `empty` if it found nothing.
-    /// Those who followed it are told; unless it found nothing, they look
-    /// themselves.
-    pub fn landed(&self, tubes: &Arc<[Tube]>, flight: u64, empty: bool) {
-        let followers = {
-            let mut inner = self.lock();
-            match inner.flights.get(tubes) {
-                Some(f) if f.id == flight => inner.flights.remove(tubes).map(|f| f.followers),
-                _ => None,
-            }
-        };
-        for tx in followers.into_iter().flatten() {
-            // One that has gone (its connection closed) needs nothing.
-            let _ = tx.send(empty);
-        }
-    }
-
     /// A look begun at `look` found nothing to reserve in any of `tubes`:
     /// those no hand-out came to since are known to have nothing.
     pub fn found_empty(&self, tubes: &[Tube], look: Look) {
@@ -223,18 +131,13 @@ impl Waiters {
     /// A hand-out of `tubes` begins: something may have made jobs of them
     /// ready. Returns those anyone waits on.
     pub fn served(&self, tubes: &[Tube]) -> Vec<Tube> {
-        let mut inner = self.lock();
         if tubes.is_empty() {
             // A timer tick that made nothing ready.
             return Vec::new();
         }
+        let mut inner = self.lock();
         inner.seq += 1;
         let seq = inner.seq;
-        for (looked, flight) in &mut inner.flights {
-            if looked.iter().any(|tube| tubes.contains(tube)) {
-                flight.stale = true;
-            }
-        }
         let mut waited = Vec::new();
         for tube in tubes {
             if let Some(queue) = inner.queues.get_mut(tube) {

@@ -16,7 +16,6 @@ use super::reply::Reply;
 use super::session::{Outcome, Session, Wanted, secs};
 use super::stats::{render_job, render_tube, render_tubes};
 use crate::auth::Access;
-use crate::broker::Plan;
 use crate::error::StoreResult;
 use crate::job::{ExportCursor, NewJob, PutOutcome, WholeJob};
 use crate::names::Tube;
@@ -305,24 +304,15 @@ impl<S: Store> Session<S> {
             }
         };
         // A reserve that would wait anyway need not look at the store when
-        // its tubes are known to have nothing, nor when a look of the same
-        // tubes is under way (see `Broker::plan`). One that would not wait
-        // always looks: on an engine shared with other processes, what they
-        // made ready is known here only once their news arrives.
-        let shared = self.shared.clone();
-        let (looked, plan) = shared.broker.plan(&tubes, timeout != Some(0));
-        let found = match plan {
-            Plan::Spare => None,
-            Plan::Follow(outcome) => match outcome.await {
-                Ok(true) => None,
-                _ => self.reserve_now(&tubes, batch).await?,
-            },
-            Plan::Alone => self.reserve_now(&tubes, batch).await?,
-            Plan::Lead(leading) => {
-                let found = self.reserve_now(&tubes, batch).await?;
-                leading.land(found.is_none());
-                found
-            }
+        // its tubes are known to have nothing (see `Broker::look`): its
+        // look would find nothing. One that would not wait always looks: on
+        // an engine shared with other processes, what they made ready is
+        // known here only once their news arrives.
+        let (looked, known_empty) = self.broker().look(&tubes);
+        let found = if known_empty && timeout != Some(0) {
+            None
+        } else {
+            self.reserve_now(&tubes, batch).await?
         };
         let reply = if let Some(reply) = found {
             reply

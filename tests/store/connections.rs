@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use delayq::broker::{Handout, Plan};
+use delayq::broker::Handout;
 use delayq::job::{Counts, JobState};
 use delayq::names::{JobId, Tube};
 use delayq::store::{Store, TubeRef};
@@ -30,9 +30,6 @@ store_tests!(
     release_all_returns_only_the_connections_own_jobs,
     a_tube_known_empty_spares_the_look_and_still_serves_the_waiting,
     a_job_made_ready_between_the_look_and_the_queueing_is_handed_over,
-    reserves_of_the_same_tubes_share_a_look_under_way,
-    a_look_that_found_a_job_or_was_cut_off_sends_its_followers_to_look,
-    a_look_overtaken_by_a_hand_out_of_its_tube_is_followed_no_more,
     use_and_watch_counts_add_up_when_many_change_at_once,
 );
 
@@ -346,136 +343,10 @@ async fn a_job_made_ready_between_the_look_and_the_queueing_is_handed_over(env: 
     // made ready since: no serving is needed.
     let (looked, _) = env.broker.look(&tubes);
     assert!(env.broker.reserve(2, &tubes).await.unwrap().is_none());
+    // Nor is a timer tick that made nothing ready a reason to serve.
+    env.broker.tick().await.unwrap();
     let (_, _, serve) = env.broker.register(2, tubes, Some(looked));
     assert!(!serve);
-}
-
-/// What a reserve's plan comes to, for the asserts below.
-fn course(plan: &Plan<'_>) -> &'static str {
-    match plan {
-        Plan::Spare => "spare",
-        Plan::Follow(_) => "follow",
-        Plan::Lead(_) => "lead",
-        Plan::Alone => "alone",
-    }
-}
-
-/// A look a plan says to follow, and what it heard.
-async fn heard(plan: Plan<'_>) -> Result<bool, oneshot::error::RecvError> {
-    match plan {
-        Plan::Follow(outcome) => outcome.await,
-        other => panic!("not a follower: {}", course(&other)),
-    }
-}
-
-/// Reserves that come while a look of their tubes is under way wait for
-/// its outcome instead of each asking the store (ten thousand workers
-/// reconnecting at once made ten thousand looks, which queued in Redis
-/// past the time a command may take). A reserve that may not wait
-/// (`reserve-with-timeout 0`) always looks; other tubes lead their own.
-async fn reserves_of_the_same_tubes_share_a_look_under_way(env: Env<impl Store>) {
-    env.attach("a", TubeRef::Watching).await;
-    let tubes = on(&["a"]);
-    let (looked, lead) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&lead), "lead");
-    let (second_looked, second) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&second), "follow");
-    let (_, third) = env.broker.plan(&on(&["a"]), true);
-    assert_eq!(course(&third), "follow", "the same tubes, another list");
-    let (_, now) = env.broker.plan(&tubes, false);
-    assert_eq!(course(&now), "alone", "a reserve that may not wait looks");
-    let (_, other) = env.broker.plan(&on(&["a", "b"]), true);
-    assert_eq!(course(&other), "lead", "other tubes, another look");
-    drop(other);
-
-    assert!(env.broker.reserve(1, &tubes).await.unwrap().is_none());
-    let Plan::Lead(leading) = lead else {
-        unreachable!()
-    };
-    leading.land(true);
-    assert_eq!(heard(second).await, Ok(true));
-    assert_eq!(heard(third).await, Ok(true));
-    // The followers queue on the leader's outcome: nothing was made ready
-    // since, so no hand-out need follow their queueing, and the next
-    // reserve knows the tube empty.
-    let (_, mut rx1, serve) = env.broker.register(1, tubes.clone(), Some(looked));
-    assert!(!serve);
-    let (_, mut rx2, serve) = env.broker.register(2, tubes.clone(), Some(second_looked));
-    assert!(!serve);
-    let (_, next) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&next), "spare");
-    // Landed, the look leads nobody: a reserve that comes when the tube is
-    // not known empty leads a look of its own.
-    env.broker.stop_waiting(1);
-    let put = env.put(job("a")).await;
-    assert_eq!(handed(&mut rx2), put);
-    assert_eq!(rx1.try_recv(), Err(TryRecvError::Closed));
-    let (_, again) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&again), "lead");
-}
-
-/// A look that found a job tells its followers to look themselves (there
-/// may be more), and so does one dropped before it landed (its command
-/// failed or was cut off): nobody waits on a look that will not say.
-async fn a_look_that_found_a_job_or_was_cut_off_sends_its_followers_to_look(env: Env<impl Store>) {
-    env.attach("a", TubeRef::Watching).await;
-    let tubes = on(&["a"]);
-    let first = env.put(job("a")).await;
-    let second = env.put(job("a")).await;
-    let (_, lead) = env.broker.plan(&tubes, true);
-    let (_, follower) = env.broker.plan(&tubes, true);
-    let got = env.broker.reserve(1, &tubes).await.unwrap();
-    assert_eq!(got.map(|r| r.job.id), Some(first));
-    let Plan::Lead(leading) = lead else {
-        panic!("not a leader: {}", course(&lead))
-    };
-    leading.land(false);
-    assert_eq!(heard(follower).await, Ok(false));
-    let got = env.broker.reserve(2, &tubes).await.unwrap();
-    assert_eq!(
-        got.map(|r| r.job.id),
-        Some(second),
-        "the follower's own look"
-    );
-
-    let (_, lead) = env.broker.plan(&tubes, true);
-    let (_, follower) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&lead), "lead");
-    drop(lead);
-    assert_eq!(
-        heard(follower).await,
-        Ok(false),
-        "a dropped look sends its followers to look"
-    );
-    let (_, next) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&next), "lead", "the dropped look is gone");
-}
-
-/// A job made ready while a look is under way may have been missed by it:
-/// from then on nobody follows that look, and one who followed it before
-/// is served after it queues.
-async fn a_look_overtaken_by_a_hand_out_of_its_tube_is_followed_no_more(env: Env<impl Store>) {
-    env.attach("a", TubeRef::Watching).await;
-    let tubes = on(&["a"]);
-    let (_, lead) = env.broker.plan(&tubes, true);
-    let (looked, follower) = env.broker.plan(&tubes, true);
-    assert!(env.broker.reserve(1, &tubes).await.unwrap().is_none());
-    // Another tube's job changes nothing for this look.
-    env.put(job("b")).await;
-    let (_, third) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&third), "follow");
-    let put = env.put(job("a")).await;
-    let (_, late) = env.broker.plan(&tubes, true);
-    assert_eq!(course(&late), "alone");
-    let Plan::Lead(leading) = lead else {
-        panic!("not a leader: {}", course(&lead))
-    };
-    leading.land(true);
-    assert_eq!(heard(follower).await, Ok(true));
-    let (_, mut rx, serve) = env.broker.register(2, tubes.clone(), Some(looked));
-    assert!(serve, "a job was made ready after the look began");
-    env.broker.serve_waiting(&tubes).await;
-    assert_eq!(handed(&mut rx), put);
 }
 
 /// Use and watch counts changed by many connections at once (on Redis they
