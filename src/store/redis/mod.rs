@@ -306,22 +306,35 @@ impl RedisStore {
         got.into_iter().map(|v| parse(v?)).collect()
     }
 
-    /// A reserved job that came from `shard`: its TTR's end is due there.
-    fn reserved_from(&self, shard: usize, got: Option<Reserved>) -> Option<Reserved> {
+    /// A reserved job that came from `shard`, by a call sent at `sent`:
+    /// its TTR's end is due there.
+    fn reserved_from(
+        &self,
+        shard: usize,
+        sent: Instant,
+        got: Option<Reserved>,
+    ) -> Option<Reserved> {
         let got = got?;
         if let Some(s) = &self.sharding {
-            s.due_at(shard, Instant::now() + got.ttr);
+            s.due_at(shard, sent + got.ttr);
         }
         Some(got)
     }
 
-    /// `shard` got something due `delay` from now (ready jobs are told by
-    /// the call's own reply).
-    fn due_in(&self, shard: usize, delay: Duration) {
+    /// `shard` got something due `delay` after it ran a call sent at
+    /// `sent` (ready jobs are told by the call's own reply).
+    ///
+    /// Counted from when the call was sent, not from when its reply came:
+    /// Redis counted the delay from a moment in between, so the estimate is
+    /// never later than the due time (a tick a little early finds nothing
+    /// and says how long is left). Counted from the reply, it was late by
+    /// the reply's way back, and under load a reserve timing out just
+    /// after a job fell due did not tick that shard, and missed the job.
+    fn due_in(&self, shard: usize, sent: Instant, delay: Duration) {
         if let Some(s) = &self.sharding
             && !delay.is_zero()
         {
-            s.due_at(shard, Instant::now() + delay);
+            s.due_at(shard, sent + delay);
         }
     }
 
@@ -392,6 +405,7 @@ impl RedisStore {
                 .map(|(pri, _, _)| *pri)
                 .min();
             let names = Arg::Tube(t.clone());
+            let sent = Instant::now();
             match self
                 .reserve_in(shard, conn, names, max - out.len(), upto, tubes)
                 .await
@@ -403,7 +417,7 @@ impl RedisStore {
                 Ok(got) => {
                     out.extend(
                         got.into_iter()
-                            .filter_map(|r| self.reserved_from(shard, Some(r))),
+                            .filter_map(|r| self.reserved_from(shard, sent, Some(r))),
                     );
                     if out.len() >= max {
                         return Ok(out);
@@ -533,6 +547,7 @@ impl RedisStore {
             self.learn_slot_map(s, now).await;
         }
         let (due, mut next) = s.to_tick(&self.process, now);
+        let sent = Instant::now();
         let got = join_all(due.iter().map(|&(shard, _)| {
             self.op_on(
                 shard,
@@ -546,7 +561,8 @@ impl RedisStore {
         for (&(shard, news), got) in due.iter().zip(got) {
             match got.and_then(ticked) {
                 Ok((after, tubes)) => {
-                    let at = after.map(|d| Instant::now() + d);
+                    // From when the tick was sent, as in `due_in`.
+                    let at = after.map(|d| sent + d);
                     s.ticked(shard, news, at);
                     if let Some(at) = at {
                         next = Some(next.map_or(at, |n| n.min(at)));
@@ -618,6 +634,7 @@ impl Store for RedisStore {
             Arg::Body(job.body),
             Arg::Text(decode::encode_options(&job.life)),
         ];
+        let sent = Instant::now();
         let got = match self.op_on(shard, Kind::Puts, "put", args).await {
             Err(StoreError::Unavailable(why)) if why.contains("is taken") => {
                 // The cluster-wide key sequence went back (a failover of
@@ -640,9 +657,9 @@ impl Store for RedisStore {
             (got @ Value::Int(_), None) => PutOutcome::Inserted(job_id(got)?),
             _ => return Err(corrupt("put")),
         };
-        self.due_in(shard, delay);
+        self.due_in(shard, sent, delay);
         if let Some(ttl) = ttl {
-            self.due_in(shard, ttl);
+            self.due_in(shard, sent, ttl);
         }
         // A time to live from the tube's settings is left to the timer,
         // which looks at Redis at least every MAX_SLEEP (and on a cluster
@@ -690,8 +707,9 @@ impl Store for RedisStore {
     async fn reserve_job(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Reserved>> {
         let shard = self.locate(id);
         let args = vec![Arg::Owner(conn), Arg::Id(id.clone())];
+        let sent = Instant::now();
         let got = self.op_on(shard, Kind::Moves, "reserve_job", args).await?;
-        Ok(self.reserved_from(shard, reserved(got, &[])?))
+        Ok(self.reserved_from(shard, sent, reserved(got, &[])?))
     }
 
     async fn give_back(&self, conn: ConnId, id: &JobId) -> StoreResult<()> {
@@ -717,6 +735,7 @@ impl Store for RedisStore {
         delay: Duration,
     ) -> StoreResult<Option<Released>> {
         let after = vec![Arg::Int(pri.into()), Arg::Int(millis(delay))];
+        let sent = Instant::now();
         let (shard, got): (usize, Option<(String, i64)>) = self
             .move_job("release", vec![Arg::Owner(conn)], id, after)
             .await?;
@@ -729,7 +748,7 @@ impl Store for RedisStore {
             buried: delay < 0,
             delay: Duration::from_millis(delay.max(0) as u64),
         };
-        self.due_in(shard, released.delay);
+        self.due_in(shard, sent, released.delay);
         Ok(Some(released))
     }
 
@@ -742,12 +761,13 @@ impl Store for RedisStore {
     }
 
     async fn touch(&self, conn: ConnId, id: &JobId) -> StoreResult<Option<Duration>> {
+        let sent = Instant::now();
         let (shard, ttr): (usize, Option<u64>) = self
             .move_job("touch", vec![Arg::Owner(conn)], id, Vec::new())
             .await?;
         let ttr = ttr.map(Duration::from_millis);
         if let (Some(s), Some(ttr)) = (&self.sharding, ttr) {
-            s.due_at(shard, Instant::now() + ttr);
+            s.due_at(shard, sent + ttr);
         }
         Ok(ttr)
     }
@@ -858,16 +878,18 @@ impl Store for RedisStore {
                 let claimed: i64 = self.write("claim_key", vec![Arg::Int(key)]).await?;
                 let shard = s.locate(&job.id);
                 let mode = if claimed == 1 { "keep" } else { "same" };
+                let sent = Instant::now();
                 let got = self.import_on(shard, &job, hex(key), mode).await?;
                 if got != Value::Int(-1) {
-                    return self.imported(shard, &job, got);
+                    return self.imported(shard, sent, &job, got);
                 }
                 let key = self.next_key(s, Some(&job.tube)).await?;
                 (s.locate(&JobId::Server(key)), hex(key), "keep")
             }
         };
+        let sent = Instant::now();
         let got = self.import_on(shard, &job, key, mode).await?;
-        self.imported(shard, &job, got)
+        self.imported(shard, sent, &job, got)
     }
 
     async fn stats_job(&self, id: &JobId) -> StoreResult<Option<JobStats>> {
@@ -1234,14 +1256,20 @@ impl RedisStore {
         Ok(share)
     }
 
-    /// What an `import` call that did not answer -1 did.
-    fn imported(&self, shard: usize, job: &WholeJob, got: Value) -> StoreResult<PutOutcome> {
+    /// What an `import` call sent at `sent` that did not answer -1 did.
+    fn imported(
+        &self,
+        shard: usize,
+        sent: Instant,
+        job: &WholeJob,
+        got: Value,
+    ) -> StoreResult<PutOutcome> {
         if got == Value::Int(0) {
             return Ok(PutOutcome::Exists(job.id.clone()));
         }
         let id = job_id(got)?;
         if job.state == JobState::Delayed {
-            self.due_in(shard, job.time_left);
+            self.due_in(shard, sent, job.time_left);
         }
         Ok(PutOutcome::Inserted(id))
     }
