@@ -28,6 +28,12 @@ const SLACK: Duration = Duration::from_millis(2);
 /// down.
 const TOLERANCE: Duration = Duration::from_millis(3);
 
+/// How far before the true time a real-time engine may say the next thing
+/// is due: a cluster keeps each shard's next due time in this process,
+/// counted from when the call that learnt it was sent, so that it is never
+/// late; it is early by the time the call took to reach Redis.
+const EARLY: Duration = Duration::from_millis(20);
+
 /// How far before a due time a real-time test looks to see that nothing is
 /// due yet: far enough that a sleep that wakes late still lands before it.
 const REAL_MOMENT: Duration = Duration::from_millis(200);
@@ -115,5 +121,24 @@ impl<S: Store> Env<S> {
                 );
             }
         }
+    }
+
+    /// Checks when a tick says the next thing is due: as [`Env::assert_time`],
+    /// but in real time it may also be early by up to [`EARLY`] (never
+    /// later: a timer that wakes early ticks again, one that wakes late
+    /// hands jobs out late).
+    #[track_caller]
+    pub fn assert_next_due(&self, got: Duration, want: Duration, what: &str) {
+        let Time::Real { start, advanced } = &self.time else {
+            return self.assert_time(got, want, what);
+        };
+        let lead = start.elapsed().saturating_sub(advanced.get());
+        let low = want.saturating_sub(TOLERANCE + lead + EARLY);
+        let high = want + TOLERANCE + lead;
+        assert!(
+            low <= got && got <= high,
+            "{what}: got {got:?}, want {want:?}, between {low:?} and {high:?} (real time; \
+             {lead:?} more has passed than the test advanced)"
+        );
     }
 }

@@ -379,7 +379,7 @@ async fn tick_says_when_the_next_expiry_is_due(env: Env<impl Store>) {
         "tick: next due {next:?}, its expiry is in 2 s"
     );
     if manual(&env) {
-        env.assert_time(next, 2 * SECOND, "tick: next due is its expiry");
+        env.assert_next_due(next, 2 * SECOND, "tick: next due is its expiry");
     }
     // A job delayed for longer: its expiry is still the next due time.
     let late = env.put(living("b", SECOND).delay(10 * SECOND)).await;
@@ -389,21 +389,21 @@ async fn tick_says_when_the_next_expiry_is_due(env: Env<impl Store>) {
         "tick: next due {next:?}, an expiry is in 1 s"
     );
     if manual(&env) {
-        env.assert_time(next, SECOND, "tick: next due is the sooner expiry");
+        env.assert_next_due(next, SECOND, "tick: next due is the sooner expiry");
         // A reserved job with a long TTR: its expiry is still due sooner.
         assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&id));
         let next = env.broker.tick().await.unwrap().expect("due times");
-        env.assert_time(next, SECOND, "tick with a job reserved");
+        env.assert_next_due(next, SECOND, "tick with a job reserved");
         pass(&env, SECOND).await;
         assert!(!exists(&env, &late).await, "expired");
         let next = env.broker.tick().await.unwrap().expect("due times");
-        env.assert_time(next, SECOND, "tick: the reserved job's expiry");
+        env.assert_next_due(next, SECOND, "tick: the reserved job's expiry");
         pass(&env, SECOND).await;
         // Held past its ttl: its TTR is what is due now.
         env.check_job(&id, JobState::Reserved, PRI, RESERVED_ONCE)
             .await;
         let next = env.broker.tick().await.unwrap().expect("its TTR");
-        env.assert_time(next, TTR - 2 * SECOND, "tick: the TTR of the held job");
+        env.assert_next_due(next, TTR - 2 * SECOND, "tick: the TTR of the held job");
         assert!(env.broker.delete(1, &id).await.unwrap());
         assert_eq!(env.broker.tick().await.unwrap(), None, "nothing due");
     }

@@ -31,10 +31,10 @@ async fn a_paused_tube_is_skipped_until_its_pause_ends(env: Env<impl Store>) {
     let first = first.map(|j| j.id);
     assert_eq!(first.as_ref(), Some(&urgent), "peek-ready on a paused tube");
     let next = env.broker.tick().await.unwrap().expect("the pause's end");
-    env.assert_time(next, SECOND, "tick: next due");
+    env.assert_next_due(next, SECOND, "tick: next due");
     env.advance(SECOND - env.moment()).await;
     let next = env.broker.tick().await.unwrap().expect("the pause's end");
-    env.assert_time(next, env.moment(), "tick just before: next due");
+    env.assert_next_due(next, env.moment(), "tick just before: next due");
     assert_eq!(env.reserve(1, &["a"]).await, None, "just before the end");
     env.check_pause("a", 1, SECOND, env.moment()).await;
     env.check_tube("a", ONE_READY, 1, 0).await;
@@ -43,7 +43,7 @@ async fn a_paused_tube_is_skipped_until_its_pause_ends(env: Env<impl Store>) {
     env.check_pause("a", 1, ZERO, ZERO).await;
     assert_eq!(env.reserve(1, &["a"]).await, Some(urgent));
     let next = env.broker.tick().await.unwrap().expect("the TTRs");
-    env.assert_time(next, TTR - SECOND, "tick: next due, b's job's TTR");
+    env.assert_next_due(next, TTR - SECOND, "tick: next due, b's job's TTR");
     env.check_tube("a", ONE_RESERVED, 1, 0).await;
     env.check_tube("b", ONE_RESERVED, 1, 0).await;
     env.check_pause("b", 0, ZERO, ZERO).await;

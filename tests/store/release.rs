@@ -73,7 +73,7 @@ async fn release_with_a_delay_delays_the_job(env: Env<impl Store>) {
     assert_eq!(first.map(|j| j.id), Some(id.clone()), "peek-delayed");
     assert_eq!(env.reserve(2, &["a"]).await, None);
     let next = env.broker.tick().await.unwrap().expect("a due time");
-    env.assert_time(next, delay, "tick: next due");
+    env.assert_next_due(next, delay, "tick: next due");
     env.check_tube("a", counts(0, 0, 1, 0), 1, 0).await;
     env.check_server(counts(0, 0, 1, 0), 1, 0, 2).await;
 }

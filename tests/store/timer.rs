@@ -65,10 +65,10 @@ async fn a_reserved_jobs_times(env: Env<impl Store>) {
 async fn a_delayed_job_becomes_ready_at_its_due_time_and_not_before(env: Env<impl Store>) {
     let id = env.put(job("a").delay(SECOND)).await;
     let next = env.broker.tick().await.unwrap().expect("a due time");
-    env.assert_time(next, SECOND, "tick: next due");
+    env.assert_next_due(next, SECOND, "tick: next due");
     env.advance(SECOND - env.moment()).await;
     let next = env.broker.tick().await.unwrap().expect("still a due time");
-    env.assert_time(next, env.moment(), "tick just before: next due");
+    env.assert_next_due(next, env.moment(), "tick just before: next due");
     env.check_job(&id, JobState::Delayed, PRI, NO_COUNTERS)
         .await;
     env.check_tube("a", counts(0, 0, 1, 0), 1, 0).await;
@@ -86,10 +86,10 @@ async fn a_job_past_its_ttr_comes_back_with_a_timeout_counted(env: Env<impl Stor
     let id = env.put(job("a").ttr(SECOND)).await;
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&id));
     let next = env.broker.tick().await.unwrap().expect("a deadline");
-    env.assert_time(next, SECOND, "tick: next due");
+    env.assert_next_due(next, SECOND, "tick: next due");
     env.advance(SECOND - env.moment()).await;
     let next = env.broker.tick().await.unwrap().expect("still a deadline");
-    env.assert_time(next, env.moment(), "tick just before: next due");
+    env.assert_next_due(next, env.moment(), "tick just before: next due");
     env.check_job(&id, JobState::Reserved, PRI, RESERVED_ONCE)
         .await;
     let s = env.stats_job(&id).await;
@@ -130,7 +130,7 @@ async fn touch_restarts_the_ttr(env: Env<impl Store>) {
     env.advance(step).await;
     let left = SECOND - step;
     let next = env.broker.tick().await.unwrap().expect("the new deadline");
-    env.assert_time(next, left, "tick: next due");
+    env.assert_next_due(next, left, "tick: next due");
     env.check_job(&id, JobState::Reserved, PRI, RESERVED_ONCE)
         .await;
     env.check_server(ONE_RESERVED, 1, 0, 2).await;
@@ -191,17 +191,17 @@ async fn tick_says_how_long_until_the_earliest_due_time(env: Env<impl Store>) {
     assert_eq!(env.broker.tick().await.unwrap(), None, "nothing pending");
     let next = || async { env.broker.tick().await.unwrap().expect("a due time") };
     env.put(job("a").delay(3 * SECOND)).await;
-    env.assert_time(next().await, 3 * SECOND, "a delay");
+    env.assert_next_due(next().await, 3 * SECOND, "a delay");
     let watch = env.broker.attach(&tube("b"), TubeRef::Watching).await;
     watch.unwrap();
     assert!(env.broker.pause_tube(&tube("b"), 2 * SECOND).await.unwrap());
-    env.assert_time(next().await, 2 * SECOND, "a pause, sooner");
+    env.assert_next_due(next().await, 2 * SECOND, "a pause, sooner");
     env.put(job("c").ttr(SECOND)).await;
     assert!(env.reserve(1, &["c"]).await.is_some());
-    env.assert_time(next().await, SECOND, "a TTR, sooner still");
+    env.assert_next_due(next().await, SECOND, "a TTR, sooner still");
     // A later due time changes nothing.
     env.put(job("d").delay(10 * SECOND)).await;
-    env.assert_time(next().await, SECOND, "a later delay");
+    env.assert_next_due(next().await, SECOND, "a later delay");
 }
 
 async fn tick_says_nothing_is_due_once_due_times_are_gone(env: Env<impl Store>) {
@@ -221,5 +221,5 @@ async fn tick_says_exactly_when_a_later_delayed_job_is_due(env: Env<impl Store>)
     env.put(job("a").delay(3 * SECOND)).await;
     env.advance(SECOND).await;
     let next = env.broker.tick().await.unwrap().expect("the later job");
-    env.assert_time(next, 2 * SECOND, "tick: next due");
+    env.assert_next_due(next, 2 * SECOND, "tick: next due");
 }
