@@ -17,6 +17,7 @@
 //! clock inside the functions, so processes on different hosts agree on when
 //! a job is due.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -119,11 +120,32 @@ pub struct RedisStore {
     /// This process's block of the cluster-wide key sequence: the next key
     /// and the end.
     keys: tokio::sync::Mutex<(u64, u64)>,
+    /// On a cluster, held while the shards are asked what they hold
+    /// ([`RedisStore::rescan`]), and whether they are being asked.
+    rescanning: tokio::sync::Mutex<()>,
+    scanning: AtomicBool,
     /// Changes of the tubes' use and watch counts, gathered.
     refs: Refs,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
     /// Stops the event listener when the store is dropped.
     _listener: DropGuard,
+}
+
+/// A look at what every shard holds ([`RedisStore::rescan`]) under way.
+struct Scan<'a> {
+    scanning: &'a AtomicBool,
+    rescan: &'a AtomicBool,
+    done: bool,
+}
+
+impl Drop for Scan<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // Failed or cut off: the next reserve asks again.
+            self.rescan.store(true, Ordering::Release);
+        }
+        self.scanning.store(false, Ordering::Release);
+    }
 }
 
 impl RedisStore {
@@ -221,6 +243,8 @@ impl RedisStore {
             conn: conn.clone(),
             mapped: Mutex::new(None),
             keys: tokio::sync::Mutex::new((0, 0)),
+            rescanning: tokio::sync::Mutex::new(()),
+            scanning: AtomicBool::new(false),
             refs,
             events: Mutex::new(Some(rx)),
             _listener: stop.drop_guard(),
@@ -340,20 +364,37 @@ impl RedisStore {
 
     /// After the shards' news may have been missed: learns again which
     /// shards have ready jobs of which tubes.
+    ///
+    /// Reserves that come meanwhile wait for it, and go on in the order
+    /// they came (the lock is fair). One that went on at once would choose
+    /// among the shards from what was known before, and could take the job
+    /// that an earlier reserve, for a connection waiting longer, was to
+    /// have.
     async fn rescan(&self, s: &Sharding) -> StoreResult<()> {
-        if !s.rescan.swap(false, std::sync::atomic::Ordering::AcqRel) {
+        if !s.rescan.load(Ordering::Acquire) && !self.scanning.load(Ordering::Acquire) {
             return Ok(());
         }
+        let _one = self.rescanning.lock().await;
+        if !s.rescan.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // While it runs, `scanning` tells reserves to wait; should it be
+        // cut off (its command dropped), the next reserve asks again.
+        let mut scan = Scan {
+            scanning: &self.scanning,
+            rescan: &s.rescan,
+            done: false,
+        };
+        self.scanning.store(true, Ordering::Release);
+        s.rescan.store(false, Ordering::Release);
         let got = join_all(
             (0..shards::SHARDS).map(|q| self.op_on(q, Kind::Reads, "inventory", Vec::new())),
         )
         .await;
         // The first ready jobs come back with each call (its heads).
-        if let Some(e) = got.into_iter().find_map(Result::err) {
-            s.rescan.store(true, std::sync::atomic::Ordering::Release);
-            return Err(e);
-        }
-        Ok(())
+        let result = got.into_iter().find_map(Result::err).map_or(Ok(()), Err);
+        scan.done = result.is_ok();
+        result
     }
 
     /// A reserve on a cluster: in the shard whose first ready job is the
