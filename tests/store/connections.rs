@@ -4,6 +4,7 @@
 //! undoes the reserve and its counter); and returns a departed
 //! connection's jobs (`release_all`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -383,4 +384,19 @@ async fn use_and_watch_counts_add_up_when_many_change_at_once(env: Env<impl Stor
         .unwrap()
         .expect("the tube exists");
     assert_eq!((stats.0.using, stats.0.watching), (200, 250));
+
+    // A change is on its way once its future is first polled, ahead of
+    // whatever is asked after, as a new connection's count of `default`
+    // is (the connection does not wait for it).
+    let b = tube("b");
+    let mut using = Box::pin(env.broker.attach(&b, TubeRef::Using));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // An embedded engine is done at once; a remote one is under way.
+    let first = using.as_mut().poll(&mut cx);
+    let stats = env.broker.stats_tube(&b).await.unwrap();
+    assert_eq!(stats.map(|s| s.0.using), Some(1), "counted before asked");
+    match first {
+        std::task::Poll::Ready(done) => done.unwrap(),
+        std::task::Poll::Pending => using.await.unwrap(),
+    }
 }

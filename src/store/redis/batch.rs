@@ -24,6 +24,7 @@ use tracing::info;
 use super::conn::Conn;
 use super::decode::{corrupt, fail};
 use super::library::{Function, Kind, Library};
+use super::refs::{SharedSum, seal};
 use super::shards::{SHARDS, Sharding};
 use crate::error::{StoreError, StoreResult};
 use crate::names::{JobId, Tube};
@@ -63,6 +64,9 @@ pub(super) enum Arg {
     Id(JobId),
     /// A job body.
     Body(Bytes),
+    /// The summed change of use or watch counts that an operation carries,
+    /// which changes join until the call is written.
+    Sum(SharedSum),
 }
 
 impl Arg {
@@ -88,6 +92,7 @@ impl Arg {
             }
             Arg::Id(JobId::Client(name)) => cmd.arg(&**name),
             Arg::Body(b) => cmd.arg(b.as_ref()),
+            Arg::Sum(sum) => cmd.arg(seal(sum)),
         };
     }
 }
