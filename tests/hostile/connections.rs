@@ -71,7 +71,8 @@ async fn beyond_max_connections_a_client_is_refused_politely(backend: Backend) {
 }
 
 /// `stats`, asked again while it is answered `INTERNAL_ERROR`: on Redis,
-/// while the first looks of ten thousand reserves queue ahead of it.
+/// a machine loaded enough can hold it behind ten thousand connections'
+/// first commands for longer than a command may take (2 s).
 async fn stats_patiently(c: &mut Client) -> Yaml {
     loop {
         let line = c.cmd("stats").await;
@@ -145,9 +146,10 @@ async fn ten_thousand_connections_at_once(backend: Backend) {
             // may (2 s) is answered `INTERNAL_ERROR`. Ten thousand
             // connections opening at once used to queue twenty thousand
             // count changes ahead of their looks, and thousands were so
-            // answered; now their changes are gathered and none were in
-            // the runs tried, but a machine loaded enough can still take
-            // 2 s over one. Like any client, this one asks again.
+            // answered; now each change joins the operation of its tube
+            // still queued and none were in the runs tried, but a machine
+            // loaded enough can still take 2 s over one. Like any client,
+            // this one asks again.
             let mut got = Vec::new();
             let mut buf = [0u8; 64];
             while !(got.ends_with(b"\r\nj\r\n") || got == b"TIMED_OUT\r\n") {
