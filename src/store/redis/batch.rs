@@ -97,6 +97,12 @@ impl Arg {
     }
 }
 
+/// What an operation gets when the task that sends the calls has stopped
+/// (the store is being dropped).
+pub(super) fn stopped() -> StoreError {
+    StoreError::Unavailable("the batch sender has stopped".into())
+}
+
 /// Appends a server id as its key names it: `#` and the id in lowercase
 /// hex, at least 12 digits (what `format!("#{n:012x}")` writes).
 pub(super) fn server_id_key(out: &mut String, n: u64) {

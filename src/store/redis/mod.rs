@@ -40,7 +40,7 @@ pub use conn::Target;
 pub use library::bench_call;
 pub use shards::{SHARDS, shard_of_key, shard_tag, slot};
 
-use batch::{Arg, Op, server_id_key};
+use batch::{Arg, Op, server_id_key, stopped};
 use conn::Conn;
 use decode::{corrupt, fail, job_body, job_id, parse, reserved, tube};
 use library::{Kind, Library};
@@ -269,7 +269,6 @@ impl RedisStore {
         args: Vec<Arg>,
     ) -> StoreResult<Value> {
         let (reply, result) = oneshot::channel();
-        let stopped = || StoreError::Unavailable("the batch sender has stopped".into());
         self.queues[shard]
             .send(Op {
                 kind,

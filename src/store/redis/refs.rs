@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{Arg, Op};
+use super::batch::{Arg, Op, stopped};
 use super::decode::parse;
 use super::library::Kind;
-use crate::error::{StoreError, StoreResult};
+use crate::error::StoreResult;
 use crate::names::Tube;
 
 /// The changes one queued operation carries.
@@ -90,8 +90,9 @@ impl Refs {
         delta: i64,
         tx: oneshot::Sender<StoreResult<()>>,
     ) -> StoreResult<()> {
+        let key = (tube.clone(), field);
         let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sum) = latest.get(&(tube.clone(), field)) {
+        if let Some(sum) = latest.get(&key) {
             let mut open = lock(sum);
             if !open.sealed {
                 open.delta += delta;
@@ -117,7 +118,6 @@ impl Refs {
             reply,
         };
         self.queue.send(op).map_err(|_| stopped())?;
-        let key = (tube.clone(), field);
         latest.insert(key.clone(), sum.clone());
         drop(latest);
         // A task of its own answers the changes, not a caller: a command
@@ -150,8 +150,4 @@ impl Refs {
         });
         Ok(())
     }
-}
-
-fn stopped() -> StoreError {
-    StoreError::Unavailable("the batch sender has stopped".into())
 }
