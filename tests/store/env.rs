@@ -109,18 +109,7 @@ impl<S: Store> Env<S> {
     /// that, plus the engine's rounding.
     #[track_caller]
     pub fn assert_time(&self, got: Duration, want: Duration, what: &str) {
-        match &self.time {
-            Time::Manual(_) => assert_eq!(got, want, "{what} (manual clock, exact)"),
-            Time::Real { start, advanced } => {
-                let lead = start.elapsed().saturating_sub(advanced.get());
-                let allowed = TOLERANCE + lead;
-                assert!(
-                    got.abs_diff(want) <= allowed,
-                    "{what}: got {got:?}, want {want:?} within {allowed:?} \
-                     (real time; {lead:?} more has passed than the test advanced)"
-                );
-            }
-        }
+        self.assert_within(got, want, Duration::ZERO, what);
     }
 
     /// Checks when a tick says the next thing is due: as [`Env::assert_time`],
@@ -129,11 +118,18 @@ impl<S: Store> Env<S> {
     /// hands jobs out late).
     #[track_caller]
     pub fn assert_next_due(&self, got: Duration, want: Duration, what: &str) {
+        self.assert_within(got, want, EARLY, what);
+    }
+
+    /// [`Env::assert_time`], allowing `early` more below `want` in real
+    /// time.
+    #[track_caller]
+    fn assert_within(&self, got: Duration, want: Duration, early: Duration, what: &str) {
         let Time::Real { start, advanced } = &self.time else {
-            return self.assert_time(got, want, what);
+            return assert_eq!(got, want, "{what} (manual clock, exact)");
         };
         let lead = start.elapsed().saturating_sub(advanced.get());
-        let low = want.saturating_sub(TOLERANCE + lead + EARLY);
+        let low = want.saturating_sub(TOLERANCE + lead + early);
         let high = want + TOLERANCE + lead;
         assert!(
             low <= got && got <= high,
