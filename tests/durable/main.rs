@@ -15,6 +15,7 @@ mod failure;
 mod order;
 mod recycle;
 mod restart;
+mod snapshot;
 mod upgrade;
 
 use std::path::{Path, PathBuf};

@@ -240,6 +240,10 @@ async fn tries_backoff_and_tube_settings_survive_sigkill_twice() {
         y.get("state") == "delayed"
     })
     .await;
+    // The timer's changes have no reply that waits for their sync; a change
+    // made after them that does is synced only once they are.
+    let barrier = c.put_ok(0, 0, 60, b"barrier").await;
+    assert_eq!(c.cmd(&format!("delete {barrier}")).await, "DELETED");
     let mut ids = vec![
         fresh.clone(),
         capped.clone(),

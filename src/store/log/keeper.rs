@@ -145,6 +145,16 @@ fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::R
             return Err(e);
         }
     };
+    // Every record before the start goes to the log files first (with -f
+    // or -F some may still wait in memory): a file the snapshot frees is
+    // then on disk under its name to be removed, not still a spare that a
+    // pending write would make it later, untracked; and a process killed
+    // from here on leaves the log reaching the snapshot's start.
+    if shared.flush() {
+        // Under the default policy the records just written wait for the
+        // writer thread's sync.
+        shared.wake.notify_all();
+    }
     fs::rename(&tmp, snapshot_path(&shared.dir, start))?;
     sync_dir(&shared.dir)?;
     shared

@@ -99,6 +99,21 @@ pub struct Wal {
     _lock: std::fs::File,
 }
 
+/// Whether a spare found at start may become a log file: it is fresh (its
+/// header still zeros), or a recycled log file, whose records all come
+/// before `next_seq`. A spare that was being made the next log file when
+/// the server stopped holds records from `next_seq` on that never reached
+/// the log; reused, the next life's records would be followed in it by
+/// those, numbered on from them, and a later start would replay them.
+fn reusable(file: &std::fs::File, next_seq: u64) -> bool {
+    let mut head = [0u8; HEADER as usize];
+    if std::os::unix::fs::FileExt::read_exact_at(file, &mut head, 0).is_err() {
+        return false;
+    }
+    head.iter().all(|&b| b == 0)
+        || files::read_header(Kind::Log, &head).is_ok_and(|(_, first, _)| first < next_seq)
+}
+
 /// The state, as the keeper reads it.
 struct StateSource(Arc<Mutex<State>>);
 
@@ -172,6 +187,17 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
             } as u64;
         });
     }
+    if !got.leftovers.is_empty() {
+        for path in &got.leftovers {
+            std::fs::remove_file(path)
+                .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+        }
+        sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
+        info!(
+            files = got.leftovers.len(),
+            "removed log files wholly before the snapshot (a compaction was cut short)"
+        );
+    }
     let mut files = got.files;
     let (number, current, used) = match got.current {
         Some(current) => current,
@@ -222,7 +248,10 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
                 .write(true)
                 .open(path);
             match opened {
-                Ok(file) if b.spares.len() < append::spares_needed(&b, shared.file_size) => {
+                Ok(file)
+                    if b.spares.len() < append::spares_needed(&b, shared.file_size)
+                        && reusable(&file, got.next_seq) =>
+                {
                     b.spares.push_back(Spare {
                         path: path.clone(),
                         file,

@@ -47,6 +47,9 @@ pub struct Recovered {
     pub records: u64,
     /// Records skipped as damaged (only with salvage).
     pub skipped: u64,
+    /// Log files wholly before the snapshot, left by a compaction cut
+    /// short: needless, to be removed once the start has succeeded.
+    pub leftovers: Vec<PathBuf>,
 }
 
 /// Where a damaged record was, and what was wrong.
@@ -83,6 +86,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         replayed_bytes: 0,
         records: 0,
         skipped: 0,
+        leftovers: Vec::new(),
     };
     let mut start = 1;
     let mut buf = Vec::new();
@@ -111,7 +115,10 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
     // snapshot's start (older ones are leftovers of a compaction cut short).
     let from = headers.iter().rposition(|&(_, first, _, _)| first <= start);
     let replay = match from {
-        Some(i) => &headers[i..],
+        Some(i) => {
+            out.leftovers = headers[..i].iter().map(|h| h.3.clone()).collect();
+            &headers[i..]
+        }
         None => &headers[..],
     };
     if let Some(&(_, first, _, ref path)) = replay.first()
@@ -165,6 +172,22 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
                 .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
             out.current = Some((*number, file, used));
         }
+    }
+    if out.next_seq < start {
+        // The log ends before the snapshot begins: the records in between
+        // never reached the disk (the server stopped after the snapshot was
+        // in place, before the log caught up), and the snapshot holds their
+        // changes. Numbering goes on from the snapshot's start, in a new
+        // file; from where the log ends, the next start would take every
+        // record below the snapshot's start for one the snapshot holds, and
+        // skip it.
+        warn!(
+            log_ends = out.next_seq - 1,
+            snapshot_starts = start,
+            "the log ends before the snapshot begins; the snapshot holds what is between"
+        );
+        out.next_seq = start;
+        out.current = None;
     }
     Ok(out)
 }
