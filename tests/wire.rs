@@ -339,6 +339,9 @@ async fn malformed_numbers_are_bad_format(backend: Backend) {
         "put 0 0 4294967296 1",
         "put 99999999999999999999 0 60 1",
         "put 0 0 60 18446744073709551616",
+        // A byte count over 32 bits, as in beanstalkd: not a body to read.
+        "put 0 0 60 4294967296",
+        "put 0 0 60 18446744073709551615",
         "put 1x 0 60 1",
         "put +1 0 60 1",
         "put 0x1 0 60 1",

@@ -356,6 +356,13 @@ const BARE: &[(&[u8], Option<Command>)] = &[
     (b"quit", Some(Command::Quit)),
 ];
 
+/// A body's byte count: 32 bits, as beanstalkd reads it. A larger one is a
+/// malformed line, not a body to read and throw away: a count of 2^64 - 1
+/// would take everything the connection ever sends after it.
+fn body_len(bytes: &[u8]) -> Result<u64, ClientError> {
+    num32(bytes).map(u64::from)
+}
+
 fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
     let cmd = match (name, args) {
         (b"put", [pri, delay, ttr, bytes, rest @ ..]) => {
@@ -371,7 +378,7 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
                 pri: num32(pri)?,
                 delay: num32(delay)?,
                 ttr: num32(ttr)?,
-                bytes: parse_u64(bytes).ok_or(ClientError::BadFormat)?,
+                bytes: body_len(bytes)?,
                 id: match id {
                     Some(id) => Some(client_id(id).ok_or(ClientError::BadFormat)?),
                     None => None,
@@ -380,7 +387,7 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
             })));
         }
         (b"schedule", [name, tube, pri, ttr, bytes, when @ ..]) => {
-            let bytes = parse_u64(bytes).ok_or(ClientError::BadFormat)?;
+            let bytes = body_len(bytes)?;
             return Ok(Line::Body(Header::Schedule(ScheduleHeader {
                 bytes,
                 parts: schedule_parts(name, tube, pri, ttr, when),
@@ -395,9 +402,7 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
             },
         },
         (b"import", [bytes]) => {
-            return Ok(Line::Body(Header::Import(
-                parse_u64(bytes).ok_or(ClientError::BadFormat)?,
-            )));
+            return Ok(Line::Body(Header::Import(body_len(bytes)?)));
         }
         (b"auth", [token]) => Command::Auth(Bytes::copy_from_slice(token)),
         (b"use", [tube]) => Command::Use(tube_arg(tube)?),
