@@ -332,7 +332,10 @@ impl<S: Store> Session<S> {
         }
         let role = match counter {
             Cmd::Put => Some((&mut self.producer, &stats.producers)),
-            Cmd::Reserve | Cmd::ReserveWithTimeout => Some((&mut self.worker, &stats.workers)),
+            // beanstalkd counts `reserve-job` too.
+            Cmd::Reserve | Cmd::ReserveWithTimeout | Cmd::ReserveJob => {
+                Some((&mut self.worker, &stats.workers))
+            }
             _ => None,
         };
         if let Some((flag, gauge)) = role

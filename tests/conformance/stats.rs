@@ -360,6 +360,11 @@ async fn stats_connection_counters(backend: Backend) {
     let s = d.wait_stat("current-connections", 1).await;
     assert_eq!(s.num("current-producers"), 0);
     assert_eq!(s.num("total-connections"), 4);
+    // `reserve-job` makes a worker too, as in beanstalkd.
+    let ready = d.put_ok(0, 0, 60, b"z").await;
+    let mut e = server.client().await;
+    e.reserved(&format!("reserve-job {ready}")).await;
+    assert_eq!(d.stats().await.num("current-workers"), 1);
 }
 
 async fn version_is_the_crate_version(backend: Backend) {
