@@ -294,3 +294,74 @@ async fn a_lost_function_library_is_loaded_again() {
         .expect("FUNCTION LIST");
     assert_eq!(libraries.len(), 1, "one library loaded again");
 }
+
+/// A `reserve-batch` whose call Redis carries out only after the command
+/// ran out of time (here Redis is busy with a 2.6 s script) took jobs for
+/// a client that was told `INTERNAL_ERROR`: every one of them is given back
+/// at once, not left reserved until its TTR runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_a_late_reserve_batch_took_are_given_back() {
+    let redis = RedisServer::start(&[]);
+    let server = InProcess::start(&redis.url).await;
+    let mut c = server.client().await;
+    for n in 0..3 {
+        c.put_ok(0, 0, 60, format!("job {n}").as_bytes()).await;
+    }
+    let client = ::redis::Client::open(redis.url.as_str()).expect("redis URL");
+    // The client's own response timeout would give up on the script.
+    let patient = ::redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut admin = client
+        .get_multiplexed_async_connection_with_config(&patient)
+        .await
+        .expect("connect to the test's redis-server");
+    let busy = tokio::spawn(async move {
+        let script = "local s = redis.call('TIME') \
+             repeat local n = redis.call('TIME') \
+             until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 2600000 \
+             return 1";
+        ::redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query_async::<i64>(&mut admin)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Two calls wait on Redis, as many as delayq has out at once, so the
+    // batch's call goes out only once they have timed out: late enough
+    // for its command to have been answered, and soon enough for its own
+    // reply to come (a call that timed out too cannot be told from one
+    // that never ran).
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        let mut other = server.client().await;
+        other.send_line("stats-job 1").await;
+        others.push(other);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut worker = server.client().await;
+    assert_eq!(worker.cmd("reserve-batch 3 0").await, "INTERNAL_ERROR");
+    busy.await
+        .expect("the script's task")
+        .expect("the busy script");
+    for mut other in others {
+        assert_eq!(other.line().await, "INTERNAL_ERROR");
+    }
+    let start = Instant::now();
+    loop {
+        let s = c.stats_tube("default").await;
+        if s.num("current-jobs-ready") == 3 {
+            assert_eq!(s.num("current-jobs-reserved"), 0);
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the late batch's jobs stayed reserved: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The worker that was told of no jobs holds none.
+    assert_eq!(
+        worker.reserved("reserve-with-timeout 0").await.body,
+        b"job 0"
+    );
+}

@@ -157,10 +157,8 @@ pub(super) async fn run(
                 let done: Done = done;
                 let mut orphans = Vec::new();
                 for (reply, result, owner) in done {
-                    if let (Err(Ok(got)), Some(conn)) = (reply.send(result), owner)
-                        && let Some(op) = give_back(conn, got)
-                    {
-                        orphans.push(op);
+                    if let (Err(Ok(got)), Some(who)) = (reply.send(result), owner) {
+                        orphans.extend(give_back_all(who, got));
                     }
                 }
                 if !orphans.is_empty() {
@@ -179,18 +177,44 @@ pub(super) async fn run(
 }
 
 /// A reply channel, what to send on it, and, for an operation that
-/// reserves, the connection it reserved for.
+/// reserves, who it reserved for.
 type Done = Vec<(
     oneshot::Sender<StoreResult<Value>>,
     StoreResult<Value>,
-    Option<ConnId>,
+    Option<Reserver>,
 )>;
 
-/// The connection an operation reserves a job for, if it reserves one.
-fn reserver(op: &Op) -> Option<ConnId> {
-    match (op.name, op.args.first()) {
-        ("reserve" | "reserve_job", Some(Arg::Owner(conn))) => Some(*conn),
+/// An operation that reserves: the connection it reserves for, and whether
+/// its reply is a list of jobs (`reserve_many`) rather than one job or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reserver {
+    conn: ConnId,
+    many: bool,
+}
+
+/// Who an operation reserves jobs for, if it reserves any.
+fn reserver(op: &Op) -> Option<Reserver> {
+    let many = match op.name {
+        "reserve" | "reserve_job" => false,
+        "reserve_many" => true,
+        _ => return None,
+    };
+    match op.args.first() {
+        Some(Arg::Owner(conn)) => Some(Reserver { conn: *conn, many }),
         _ => None,
+    }
+}
+
+/// The operations that give back what a reserve nobody waits for any more
+/// took (see [`give_back`]).
+fn give_back_all(who: Reserver, got: Value) -> Vec<Op> {
+    match (who.many, got) {
+        (false, got) => give_back(who.conn, got).into_iter().collect(),
+        (true, Value::Array(jobs)) => jobs
+            .into_iter()
+            .filter_map(|job| give_back(who.conn, job))
+            .collect(),
+        (true, _) => Vec::new(),
     }
 }
 
@@ -463,6 +487,31 @@ mod tests {
     }
 
     #[test]
+    fn every_job_of_a_late_batch_goes_back() {
+        let many = Reserver {
+            conn: 7,
+            many: true,
+        };
+        let batch = Value::Array(vec![
+            reply(Value::Int(26)),
+            reply(Value::BulkString(b"order-close:4711".to_vec())),
+        ]);
+        let ops = give_back_all(many, batch);
+        let ids: Vec<Vec<u8>> = ops.iter().map(id_arg).collect();
+        assert_eq!(
+            ids,
+            [b"#00000000001a".to_vec(), b"order-close:4711".to_vec()]
+        );
+        assert!(give_back_all(many, Value::Array(Vec::new())).is_empty());
+        let one = Reserver {
+            conn: 7,
+            many: false,
+        };
+        assert_eq!(give_back_all(one, reply(Value::Int(26))).len(), 1);
+        assert!(give_back_all(one, Value::Nil).is_empty());
+    }
+
+    #[test]
     fn only_reserving_operations_name_a_reserver() {
         let (reply, _) = oneshot::channel();
         let reserve = Op {
@@ -471,7 +520,27 @@ mod tests {
             args: vec![Arg::Owner(3), Arg::Static("default")],
             reply,
         };
-        assert_eq!(reserver(&reserve), Some(3));
+        assert_eq!(
+            reserver(&reserve),
+            Some(Reserver {
+                conn: 3,
+                many: false
+            })
+        );
+        let (reply, _) = oneshot::channel();
+        let batch = Op {
+            kind: Kind::Moves,
+            name: "reserve_many",
+            args: vec![Arg::Owner(3), Arg::Static("default"), Arg::Int(5)],
+            reply,
+        };
+        assert_eq!(
+            reserver(&batch),
+            Some(Reserver {
+                conn: 3,
+                many: true
+            })
+        );
         let (reply, _) = oneshot::channel();
         let delete = Op {
             kind: Kind::Moves,
