@@ -7,6 +7,11 @@ use std::sync::Arc;
 /// Longest tube name or client-chosen job id, in bytes (beanstalkd's limit).
 pub const MAX_NAME_LEN: usize = 200;
 
+/// The largest server id an import may bring: 48 bits, the twelve hex
+/// digits the Redis engine keys its jobs by (a larger one would take a key
+/// out of order there), so that an export goes into any engine.
+pub const MAX_SERVER_ID: u64 = (1 << 48) - 1;
+
 /// A job's id: either a number the server assigned or a name the client chose.
 ///
 /// A client-chosen name is never all digits, so the two kinds never collide and

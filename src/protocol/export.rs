@@ -238,7 +238,11 @@ pub fn read_line(
         Ok(SystemTime::from(at.with_timezone(&Utc)))
     };
     let id = match obj.get("id") {
-        Some(Value::Number(n)) => JobId::Server(n.as_u64().filter(|&n| n > 0).ok_or_else(bad)?),
+        Some(Value::Number(n)) => JobId::Server(
+            n.as_u64()
+                .filter(|&n| (1..=crate::names::MAX_SERVER_ID).contains(&n))
+                .ok_or_else(bad)?,
+        ),
         Some(Value::String(s)) => {
             JobId::Client(crate::names::client_id(s.as_bytes()).ok_or_else(bad)?)
         }

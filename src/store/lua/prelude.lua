@@ -371,8 +371,10 @@ local function bucket_of(tube, due)
 end
 
 -- A delayed job's bucket member: its key and the ms of its due time.
+-- Written and read as text: the product is past 2^53 for keys from about
+-- 9e12, where Lua's numbers (doubles) would round it onto another job's.
 local function bucket_member(key, due)
-  return string.format('%d', tonumber(key, 16) * 1000 + due % 1000)
+  return string.format('%d%03d', tonumber(key, 16), due % 1000)
 end
 
 -- The jobs of one bucket as {due, key}, soonest first (then oldest).
@@ -380,8 +382,8 @@ local function bucket_jobs(tube, second, members)
   members = members or redis.call('SMEMBERS', P .. 'bucket:' .. tube .. ':' .. second)
   local jobs = {}
   for _, m in ipairs(members) do
-    m = tonumber(m)
-    jobs[#jobs + 1] = { second * 1000 + m % 1000, string.format('%012x', math.floor(m / 1000)) }
+    local ms, key = tonumber(string.sub(m, -3)), tonumber(string.sub(m, 1, -4))
+    jobs[#jobs + 1] = { second * 1000 + ms, string.format('%012x', key) }
   end
   table.sort(jobs, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
   return jobs
