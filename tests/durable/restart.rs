@@ -468,3 +468,32 @@ async fn schedules_survive_sigkill_and_compaction() {
     );
     daemon.kill();
 }
+
+/// A pause goes with its tube when the tube's last user leaves (as in
+/// beanstalkd): a restart does not bring it back onto the tube's next jobs.
+/// A paused tube that holds jobs keeps its pause across the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_that_went_with_its_tube_does_not_come_back_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.cmd("use gone").await, "USING gone");
+    assert_eq!(c.cmd("pause-tube gone 100").await, "PAUSED");
+    assert_eq!(c.cmd("use kept").await, "USING kept");
+    assert_eq!(c.cmd("stats-tube gone").await, "NOT_FOUND");
+    c.put_ok(0, 0, 60, b"in a paused tube").await;
+    assert_eq!(c.cmd("pause-tube kept 100").await, "PAUSED");
+    assert_eq!(c.cmd("use gone").await, "USING gone");
+    c.put_ok(0, 0, 60, b"after the pause went").await;
+    daemon.kill();
+
+    let daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.stats_tube("gone").await.num("pause"), 0);
+    assert_eq!(c.stats_tube("kept").await.num("pause"), 100);
+    assert_eq!(c.cmd("watch gone").await, "WATCHING 2");
+    assert_eq!(c.cmd("watch kept").await, "WATCHING 3");
+    let job = c.reserved("reserve-with-timeout 0").await;
+    assert_eq!(job.body, b"after the pause went");
+    assert_eq!(c.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
+}

@@ -111,6 +111,7 @@ impl<L: Log> MemoryStore<L> {
                     Some(e) if reply == Reply::WhenSafe => Err(e),
                     _ => f(&mut state, now, &mut journal),
                 };
+                state.note_unpaused(&mut journal);
                 (out, journal.written())
             };
             if matches!(out, Err(StoreError::OutOfMemory)) && self.log.wait_for_room().await {

@@ -160,6 +160,8 @@ impl State {
     /// (nobody uses or watches them yet), as do pauses that ended while the
     /// server was down.
     pub fn replayed(&mut self, now: Micros) {
+        // Pauses that went in the replay were ended in the log already.
+        self.unpaused.clear();
         while let Some((until, _)) = self.taken_until.first() {
             if *until > now {
                 break;

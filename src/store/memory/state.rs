@@ -22,7 +22,7 @@ use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use indexmap::IndexMap;
 use slab::Slab;
 
-use super::journal::{JobImage, Meta, Round, Stored};
+use super::journal::{JobImage, Journal, Meta, Record, Round, Stored};
 use crate::clock::Micros;
 use crate::job::{Counts, JobBody, JobCounters, LifeStats, Lifecycle};
 use crate::names::{JobId, Tube};
@@ -256,6 +256,10 @@ pub struct State {
     pub(super) reserved: BTreeMap<(Micros, u64), ConnId>,
     /// Paused tubes, (unpause time, tube), for the timer.
     pub(super) pauses: BTreeSet<(Micros, Tube)>,
+    /// Tubes that went with a pause on them since the last transition's
+    /// records were taken: their pause ends in the log too (see
+    /// [`State::note_unpaused`]).
+    pub(super) unpaused: Vec<Tube>,
     /// Jobs with a time to live, (when it runs out, key), for the timer;
     /// one held by a worker when it ran out leaves here, and goes when it
     /// is let go of.
@@ -304,6 +308,7 @@ impl State {
             soonest: BTreeSet::new(),
             reserved: BTreeMap::new(),
             pauses: BTreeSet::new(),
+            unpaused: Vec::new(),
             expiries: BTreeSet::new(),
             expired: 0,
             taken: HashMap::new(),
@@ -518,7 +523,21 @@ impl State {
         }
     }
 
-    /// A tube exists while it is used, watched or holds jobs; `default` always.
+    /// Records the end of the pauses of tubes that went (see
+    /// [`State::forget_if_unused`]). Without it a restart would replay the
+    /// pause and bring it back, on the tube's next jobs, long after it went.
+    pub(super) fn note_unpaused(&mut self, log: &mut impl Journal) {
+        for tube in self.unpaused.drain(..) {
+            log.note(Record::Pause {
+                tube: tube.as_str(),
+                length: 0,
+                until: 0,
+            });
+        }
+    }
+
+    /// A tube exists while it is used, watched or holds jobs; `default` always;
+    /// a pause goes with it.
     pub(super) fn forget_if_unused(&mut self, tube: &Tube) {
         if tube.as_str() == "default" {
             return;
@@ -526,6 +545,7 @@ impl State {
         if let Some(ts) = self.tubes.get(tube).filter(|ts| ts.unused()) {
             if let Some((_, until)) = ts.pause {
                 self.pauses.remove(&(until, tube.clone()));
+                self.unpaused.push(tube.clone());
             }
             self.tubes.shift_remove(tube);
         }
