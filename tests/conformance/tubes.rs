@@ -10,6 +10,7 @@ backend_tests!(
     peek_ready_delayed_buried_use_the_used_tube,
     tube_lifetime_and_list_order,
     default_tube_always_exists,
+    a_pause_outlives_the_last_user_of_a_tube_that_holds_jobs,
 );
 
 async fn use_routes_puts_and_reserve_follows_watch_list(backend: Backend) {
@@ -189,4 +190,28 @@ async fn default_tube_always_exists(backend: Backend) {
     drop(b);
     a.wait_stat("current-connections", 1).await;
     assert_eq!(a.tubes().await, ["default", "x"]);
+}
+
+/// A paused tube whose users all leave while it holds jobs lives on by
+/// them, and so does its pause: a worker that comes to it during the pause
+/// gets none of its jobs.
+async fn a_pause_outlives_the_last_user_of_a_tube_that_holds_jobs(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut producer = server.client().await;
+    assert_eq!(producer.cmd("use held").await, "USING held");
+    producer.put_ok(0, 0, 60, b"held back").await;
+    let mut watcher = server.client().await;
+    assert_eq!(watcher.cmd("watch held").await, "WATCHING 2");
+    assert_eq!(producer.cmd("pause-tube held 60").await, "PAUSED");
+    assert_eq!(producer.cmd("use default").await, "USING default");
+    drop(watcher);
+    producer
+        .poll_yaml("stats-tube held", |y| y.num("current-watching") == 0)
+        .await;
+    let mut worker = server.client().await;
+    assert_eq!(worker.cmd("watch held").await, "WATCHING 2");
+    assert_eq!(worker.cmd("reserve-with-timeout 1").await, "TIMED_OUT");
+    let s = worker.stats_tube("held").await;
+    assert_eq!((s.num("pause"), s.num("current-jobs-ready")), (60, 1));
+    assert!(s.num("pause-time-left") > 0, "{s:?}");
 }

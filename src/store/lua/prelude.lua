@@ -303,9 +303,11 @@ local function forget_if_unused(tube)
   if CONTROL then
     -- The tube may live on in the shards, by its jobs: the time it was
     -- first seen stays, so it keeps its place in `list-tubes`, until a
-    -- process finds it nowhere (`forget_births`).
-    redis.call('PEXPIRE', t, COUNTS_KEPT_MS)
-    redis.call('ZREM', P .. 'pauses', tube)
+    -- process finds it nowhere (`forget_births`). So does its pause, which
+    -- holds those jobs back (the timer ends it when due): its figures are
+    -- kept at least as long.
+    local until_ms = tonumber(redis.call('ZSCORE', P .. 'pauses', tube) or '0')
+    redis.call('PEXPIRE', t, math.max(until_ms - now_ms(), 0) + COUNTS_KEPT_MS)
     return
   end
   if SHARDED then
