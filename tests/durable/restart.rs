@@ -497,3 +497,28 @@ async fn a_pause_that_went_with_its_tube_does_not_come_back_after_a_restart() {
     assert_eq!(job.body, b"after the pause went");
     assert_eq!(c.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
 }
+
+/// `total-jobs` counts the jobs created since the server started, as in
+/// beanstalkd after it reads its binlog back: the jobs a restart brings
+/// back are there, not counted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_jobs_counts_from_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    let first = c.put_ok(0, 0, 60, b"x").await;
+    c.put_ok(0, 0, 60, b"y").await;
+    c.put_ok(0, 0, 60, b"z").await;
+    assert_eq!(c.cmd(&format!("delete {first}")).await, "DELETED");
+    assert_eq!(c.stats().await.num("total-jobs"), 3);
+    daemon.kill();
+
+    let daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    let s = c.stats().await;
+    assert_eq!((s.num("total-jobs"), s.num("current-jobs-ready")), (0, 2));
+    assert_eq!(c.stats_tube("default").await.num("total-jobs"), 0);
+    c.put_ok(0, 0, 60, b"after").await;
+    assert_eq!(c.stats().await.num("total-jobs"), 1);
+    assert_eq!(c.stats_tube("default").await.num("total-jobs"), 1);
+}

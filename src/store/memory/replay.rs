@@ -158,10 +158,15 @@ impl State {
 
     /// After a replay: tubes that hold nothing and have no pause to keep go
     /// (nobody uses or watches them yet), as do pauses that ended while the
-    /// server was down.
+    /// server was down. `total-jobs` counts the jobs created by this
+    /// process, as beanstalkd's does after it reads its binlog back.
     pub fn replayed(&mut self, now: Micros) {
         // Pauses that went in the replay were ended in the log already.
         self.unpaused.clear();
+        self.total_jobs = 0;
+        for ts in self.tubes.values_mut() {
+            ts.total_jobs = 0;
+        }
         while let Some((until, _)) = self.taken_until.first() {
             if *until > now {
                 break;
