@@ -49,9 +49,68 @@ pub trait Source: Send + Sync + 'static {
     fn dump_rest(&self, out: &mut dyn FnMut(Record<'_>));
 }
 
+/// What the keeper carries from one chore to the next.
+struct Keeper {
+    /// The number the next spare's name gets.
+    next_spare: u64,
+    /// When it last said that it cannot prepare a spare.
+    complained: Option<Instant>,
+}
+
+impl Keeper {
+    /// Whether a spare is wanted: fewer are prepared than the live jobs'
+    /// deletes need, or a change was refused for want of one.
+    fn spare_wanted(shared: &Shared) -> bool {
+        let b = shared.lock();
+        (b.spares.len() < spares_needed(&b, shared.file_size) || b.room_wanted)
+            && b.failed.is_none()
+    }
+
+    /// Prepares a spare; false if it could not (the disk is full, or
+    /// another error), which it says once a second.
+    fn prepare(&mut self, shared: &Shared) -> bool {
+        let path = shared.dir.join(format!("spare.{}", self.next_spare));
+        self.next_spare += 1;
+        match prepare_spare(&path, shared.file_size) {
+            Ok(file) => {
+                {
+                    let mut b = shared.lock();
+                    b.spares.push_back(Spare { path, file });
+                    b.room_wanted = false;
+                    b.short_of_disk = false;
+                }
+                shared.room.notify_waiters();
+                if self.complained.take().is_some() {
+                    info!("room on disk again: the next log file is ready");
+                }
+                true
+            }
+            Err(e) => {
+                shared.lock().short_of_disk = true;
+                // Those waiting for room answer OUT_OF_MEMORY now.
+                shared.room.notify_waiters();
+                if self.complained.is_none_or(|at| at.elapsed() >= RETRY) {
+                    self.complained = Some(Instant::now());
+                    warn!(
+                        dir = %shared.dir.display(), error = %e,
+                        "cannot prepare the next log file: puts answer OUT_OF_MEMORY \
+                         once the room left is needed for deletes; retrying every second"
+                    );
+                }
+                // The old files a snapshot would free may be the room.
+                shared.lock().compact = true;
+                false
+            }
+        }
+    }
+}
+
 /// Runs the keeper until the log stops.
-pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, mut next_spare: u64) {
-    let mut complained: Option<Instant> = None;
+pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
+    let mut keeper = Keeper {
+        next_spare,
+        complained: None,
+    };
     loop {
         let (want_spare, want_snapshot) = {
             let mut b = shared.lock();
@@ -71,44 +130,10 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, mut next_spare: u64) {
                     .unwrap_or_else(PoisonError::into_inner);
             }
         };
-        let mut failed = false;
-        if want_spare {
-            let path = shared.dir.join(format!("spare.{next_spare}"));
-            next_spare += 1;
-            match prepare_spare(&path, shared.file_size) {
-                Ok(file) => {
-                    {
-                        let mut b = shared.lock();
-                        b.spares.push_back(Spare { path, file });
-                        b.room_wanted = false;
-                        b.short_of_disk = false;
-                    }
-                    shared.room.notify_waiters();
-                    if complained.take().is_some() {
-                        info!("room on disk again: the next log file is ready");
-                    }
-                }
-                Err(e) => {
-                    failed = true;
-                    shared.lock().short_of_disk = true;
-                    // Those waiting for room answer OUT_OF_MEMORY now.
-                    shared.room.notify_waiters();
-                    if complained.is_none_or(|at| at.elapsed() >= RETRY) {
-                        complained = Some(Instant::now());
-                        warn!(
-                            dir = %shared.dir.display(), error = %e,
-                            "cannot prepare the next log file: puts answer OUT_OF_MEMORY \
-                             once the room left is needed for deletes; retrying every second"
-                        );
-                    }
-                    // The old files a snapshot would free may be the room.
-                    shared.lock().compact = true;
-                }
-            }
-        }
+        let mut failed = want_spare && !keeper.prepare(&shared);
         if want_snapshot {
             shared.lock().compact = false;
-            if let Err(e) = snapshot(&shared, source.as_ref(), &mut next_spare) {
+            if let Err(e) = snapshot(&shared, source.as_ref(), &mut keeper) {
                 failed = true;
                 warn!(error = %e, "compaction failed; trying again later");
             }
@@ -129,7 +154,7 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, mut next_spare: u64) {
 }
 
 /// Takes a snapshot, then lets go of what it makes needless.
-fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::Result<()> {
+fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Result<()> {
     let mut start = (0, 0);
     source.locked(&mut || {
         let b = shared.lock();
@@ -137,7 +162,16 @@ fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::R
     });
     let (start, appended_at_start) = start;
     let tmp = shared.dir.join("snapshot.tmp");
-    let written = write_snapshot(&tmp, start, source);
+    // A snapshot of many jobs takes a while, and the puts meanwhile may
+    // use up the prepared room: spares are prepared between its batches,
+    // so that they are not refused for want of one while the disk has room.
+    // (Not again once one failed: the disk is full, and this snapshot may
+    // be what frees room.)
+    let written = write_snapshot(&tmp, start, source, &mut || {
+        if Keeper::spare_wanted(shared) && !shared.lock().short_of_disk {
+            keeper.prepare(shared);
+        }
+    });
     let (records, bytes) = match written {
         Ok(done) => done,
         Err(e) => {
@@ -187,8 +221,8 @@ fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::R
     for (i, n) in old_files.iter().enumerate() {
         let path = log_path(&shared.dir, *n);
         if i < keep_spares {
-            let spare = shared.dir.join(format!("spare.{next_spare}"));
-            *next_spare += 1;
+            let spare = shared.dir.join(format!("spare.{}", keeper.next_spare));
+            keeper.next_spare += 1;
             fs::rename(&path, &spare)?;
             recycled.push(spare);
         } else {
@@ -214,8 +248,13 @@ fn snapshot(shared: &Shared, source: &dyn Source, next_spare: &mut u64) -> io::R
 }
 
 /// Writes every job and what follows them to `path`, synced; returns how
-/// many records and bytes it holds.
-fn write_snapshot(path: &PathBuf, start: u64, source: &dyn Source) -> io::Result<(u64, u64)> {
+/// many records and bytes it holds. `between` runs after each batch.
+fn write_snapshot(
+    path: &PathBuf,
+    start: u64,
+    source: &dyn Source,
+    between: &mut dyn FnMut(),
+) -> io::Result<(u64, u64)> {
     let file = File::create(path)?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     out.write_all(&header(Kind::Snapshot, start, 0))?;
@@ -231,6 +270,7 @@ fn write_snapshot(path: &PathBuf, start: u64, source: &dyn Source) -> io::Result
         });
         out.write_all(&scratch)?;
         bytes += scratch.len() as u64;
+        between();
     }
     scratch.clear();
     source.dump_rest(&mut |r| {
