@@ -42,17 +42,23 @@ pub fn mounted_or_skipped<T>(mounted: Result<T, String>, what: &str) -> Option<T
 
 /// The log files of a data directory, oldest first.
 pub fn log_files(dir: &Path) -> Vec<PathBuf> {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+    files_named(dir, "log.")
+}
+
+/// The files of a data directory whose names begin with `prefix`, in name
+/// order (for log files and snapshots, oldest first).
+pub fn files_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("read the data directory")
         .map(|e| e.expect("a directory entry").path())
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("log."))
+                .is_some_and(|n| n.starts_with(prefix))
         })
         .collect();
-    logs.sort();
-    logs
+    found.sort();
+    found
 }
 
 /// The frames of a log file as `(start, end)` byte ranges, read the way the

@@ -9,24 +9,14 @@ use std::time::{Duration, Instant};
 
 use crate::common::Client;
 use crate::common::daemon::Daemon;
-use crate::{copy_dir, frames, log_files};
+use crate::{copy_dir, files_named, frames, log_files};
 
 /// Small log files, so that a few hundred puts switch files and compact.
 const SMALL_FILES: [&str; 2] = ["-s", "70000"];
 
 /// The data directory's snapshots, oldest first.
 fn snapshots(dir: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("read the data directory")
-        .map(|e| e.expect("a directory entry").path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("snapshot."))
-        })
-        .collect();
-    found.sort();
-    found
+    files_named(dir, "snapshot.")
 }
 
 /// The number of the first record after a snapshot (its name, in hex).
