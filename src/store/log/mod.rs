@@ -101,17 +101,18 @@ pub struct Wal {
 
 /// Whether a spare found at start may become a log file: it is fresh (its
 /// header still zeros), or a recycled log file, whose records all come
-/// before `next_seq`. A spare that was being made the next log file when
-/// the server stopped holds records from `next_seq` on that never reached
-/// the log; reused, the next life's records would be followed in it by
-/// those, numbered on from them, and a later start would replay them.
-fn reusable(file: &std::fs::File, next_seq: u64) -> bool {
+/// before `log_end`, where the log found on disk ends. A spare that was
+/// being made the next log file when the server stopped holds records from
+/// there on that never reached the log; reused, the next life's records
+/// would be followed in it by those, some perhaps numbered on from them,
+/// and a later start would replay them.
+fn reusable(file: &std::fs::File, log_end: u64) -> bool {
     let mut head = [0u8; HEADER as usize];
     if std::os::unix::fs::FileExt::read_exact_at(file, &mut head, 0).is_err() {
         return false;
     }
     head.iter().all(|&b| b == 0)
-        || files::read_header(Kind::Log, &head).is_ok_and(|(_, first, _)| first < next_seq)
+        || files::read_header(Kind::Log, &head).is_ok_and(|(_, first, _)| first < log_end)
 }
 
 /// The state, as the keeper reads it.
@@ -250,7 +251,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
             match opened {
                 Ok(file)
                     if b.spares.len() < append::spares_needed(&b, shared.file_size)
-                        && reusable(&file, got.next_seq) =>
+                        && reusable(&file, got.log_end) =>
                 {
                     b.spares.push_back(Spare {
                         path: path.clone(),

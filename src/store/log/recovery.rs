@@ -34,6 +34,9 @@ use crate::store::memory::replay::Applied;
 pub struct Recovered {
     /// The number the next record gets.
     pub next_seq: u64,
+    /// The number after the last record found in the log: `next_seq`,
+    /// unless the log ends before the snapshot begins.
+    pub log_end: u64,
     /// The newest log file's number, the file, and the bytes in use in it
     /// (`None` if there is none yet).
     pub current: Option<(u64, File, u64)>,
@@ -80,6 +83,7 @@ fn continuation(
 pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Recovered, String> {
     let mut out = Recovered {
         next_seq: 1,
+        log_end: 1,
         current: None,
         files: BTreeMap::new(),
         snapshot_bytes: 0,
@@ -173,6 +177,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
             out.current = Some((*number, file, used));
         }
     }
+    out.log_end = out.next_seq;
     if out.next_seq < start {
         // The log ends before the snapshot begins: the records in between
         // never reached the disk (the server stopped after the snapshot was
