@@ -240,7 +240,7 @@ pub fn read_line(
     let id = match obj.get("id") {
         Some(Value::Number(n)) => JobId::Server(
             n.as_u64()
-                .filter(|&n| (1..=crate::names::MAX_SERVER_ID).contains(&n))
+                .filter(|&n| (1..=crate::names::MAX_IMPORTED_ID).contains(&n))
                 .ok_or_else(bad)?,
         ),
         Some(Value::String(s)) => {
