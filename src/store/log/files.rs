@@ -159,6 +159,17 @@ pub fn lock(dir: &Path) -> Result<File, String> {
 /// the first write into it makes `fdatasync` commit that change to the
 /// file system's journal too, which costs as much again as the data.
 pub fn prepare_spare(path: &Path, size: u64) -> io::Result<File> {
+    prepare(path, size, &[])
+}
+
+/// Makes a new log file as [`prepare_spare`] makes a spare, with its header
+/// `head` written and synced before it takes its name: a log file is never
+/// seen without its header, which would stop every later start.
+pub fn create_log(path: &Path, size: u64, head: &[u8]) -> io::Result<File> {
+    prepare(path, size, head)
+}
+
+fn prepare(path: &Path, size: u64, head: &[u8]) -> io::Result<File> {
     let tmp = path.with_extension("tmp");
     let file = OpenOptions::new()
         .create(true)
@@ -171,6 +182,7 @@ pub fn prepare_spare(path: &Path, size: u64) -> io::Result<File> {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
+    file.write_all_at(head, 0)?;
     file.sync_all()?;
     fs::rename(&tmp, path)?;
     Ok(file)

@@ -186,7 +186,10 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
     // from here on leaves the log reaching the snapshot's start.
     if shared.flush() {
         // Under the default policy the records just written wait for the
-        // writer thread's sync.
+        // writer thread's sync. Told under the buffer's lock, which the
+        // writer holds from its look at the marks until it sleeps: it has
+        // then either seen them or is asleep to be woken.
+        let _b = shared.lock();
         shared.wake.notify_all();
     }
     fs::rename(&tmp, snapshot_path(&shared.dir, start))?;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 mod append;
 mod files;
@@ -188,12 +188,17 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
             } as u64;
         });
     }
-    if !got.leftovers.is_empty() {
+    // Not after a salvage that skipped records: those files and an older
+    // snapshot may then be the only whole copy of what was lost.
+    if !got.leftovers.is_empty() && got.skipped == 0 {
         for path in &got.leftovers {
-            std::fs::remove_file(path)
-                .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+            if let Err(e) = std::fs::remove_file(path) {
+                warn!(file = %path.display(), error = %e, "cannot remove a needless log file");
+            }
         }
-        sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
+        if let Err(e) = sync_dir(dir) {
+            warn!(dir = %dir.display(), error = %e, "cannot sync the data directory");
+        }
         info!(
             files = got.leftovers.len(),
             "removed log files wholly before the snapshot (a compaction was cut short)"
@@ -205,13 +210,10 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         None => {
             let number = files.keys().next_back().map_or(1, |n| n + 1);
             let path = log_path(dir, number);
-            let file = files::prepare_spare(&path, file_size)
-                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
             let head = header(Kind::Log, number, got.next_seq);
-            std::os::unix::fs::FileExt::write_all_at(&file, &head, 0)
-                .and_then(|()| file.sync_data())
-                .and_then(|()| sync_dir(dir))
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            let file = files::create_log(&path, file_size, &head)
+                .and_then(|file| sync_dir(dir).map(|()| file))
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
             files.insert(number, got.next_seq);
             (number, file, HEADER)
         }
