@@ -20,7 +20,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::append::spares_needed;
 use super::files::{HEADER, Kind, header, log_path, prepare_spare, snapshot_path, sync_dir};
 use super::record::{encode, encode_end};
-use super::writer::{Shared, Spare};
+use super::writer::{Buf, Shared, Spare};
 use crate::store::memory::journal::Record;
 
 /// How long the keeper waits before trying again after a failure.
@@ -60,10 +60,15 @@ struct Keeper {
 impl Keeper {
     /// Whether a spare is wanted: fewer are prepared than the live jobs'
     /// deletes need, or a change was refused for want of one.
-    fn spare_wanted(shared: &Shared) -> bool {
-        let b = shared.lock();
-        (b.spares.len() < spares_needed(&b, shared.file_size) || b.room_wanted)
-            && b.failed.is_none()
+    fn spare_wanted(b: &Buf, file_size: u64) -> bool {
+        (b.spares.len() < spares_needed(b, file_size) || b.room_wanted) && b.failed.is_none()
+    }
+
+    /// Whether to prepare a spare in the middle of a snapshot: one is
+    /// wanted, and none failed for want of disk (the snapshot may be what
+    /// frees room).
+    fn spare_to_prepare(b: &Buf, file_size: u64) -> bool {
+        Keeper::spare_wanted(b, file_size) && !b.short_of_disk
     }
 
     /// Prepares a spare; false if it could not (the disk is full, or
@@ -163,14 +168,18 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
     let (start, appended_at_start) = start;
     let tmp = shared.dir.join("snapshot.tmp");
     // A snapshot of many jobs takes a while, and the puts meanwhile may
-    // use up the prepared room: spares are prepared between its batches,
-    // so that they are not refused for want of one while the disk has room.
-    // (Not again once one failed: the disk is full, and this snapshot may
-    // be what frees room.)
+    // use up the prepared room: spares are prepared between its batches
+    // (and while it syncs), so that they are not refused for want of one
+    // while the disk has room.
     let written = write_snapshot(&tmp, start, source, &mut || {
-        if Keeper::spare_wanted(shared) && !shared.lock().short_of_disk {
+        let wanted = Keeper::spare_to_prepare(&shared.lock(), shared.file_size);
+        if wanted {
             keeper.prepare(shared);
         }
+    });
+    let written = written.and_then(|(file, done)| {
+        sync_preparing(shared, keeper, &file)?;
+        Ok(done)
     });
     let (records, bytes) = match written {
         Ok(done) => done,
@@ -250,14 +259,53 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
     Ok(())
 }
 
-/// Writes every job and what follows them to `path`, synced; returns how
-/// many records and bytes it holds. `between` runs after each batch.
+/// Syncs the snapshot `file` on a thread of its own, and meanwhile
+/// prepares the spares that are wanted: the sync of a large snapshot can
+/// take seconds, longer than a put waits for room.
+fn sync_preparing(shared: &Shared, keeper: &mut Keeper, file: &File) -> io::Result<()> {
+    let synced = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let syncing = scope.spawn(|| {
+            let done = file.sync_all();
+            // Said under the buffer's lock, under which the keeper looks
+            // before it sleeps.
+            let _b = shared.lock();
+            synced.store(true, Ordering::Release);
+            shared.chores.notify_all();
+            done
+        });
+        loop {
+            let mut b = shared.lock();
+            while !synced.load(Ordering::Acquire)
+                && !b.stopping
+                && !Keeper::spare_to_prepare(&b, shared.file_size)
+            {
+                b = shared
+                    .chores
+                    .wait(b)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if synced.load(Ordering::Acquire) || b.stopping {
+                break;
+            }
+            drop(b);
+            keeper.prepare(shared);
+        }
+        syncing
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the snapshot's sync panicked")))
+    })
+}
+
+/// Writes every job and what follows them to `path`, not yet synced;
+/// returns the file, and how many records and bytes it holds. `between`
+/// runs after each batch.
 fn write_snapshot(
     path: &PathBuf,
     start: u64,
     source: &dyn Source,
     between: &mut dyn FnMut(),
-) -> io::Result<(u64, u64)> {
+) -> io::Result<(File, (u64, u64))> {
     let file = File::create(path)?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     out.write_all(&header(Kind::Snapshot, start, 0))?;
@@ -284,6 +332,5 @@ fn write_snapshot(
     out.write_all(&scratch)?;
     bytes += scratch.len() as u64;
     let file = out.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    Ok((count, bytes))
+    Ok((file, (count, bytes)))
 }
