@@ -123,9 +123,7 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
                 if b.stopping {
                     return;
                 }
-                let want_spare = (b.spares.len() < spares_needed(&b, shared.file_size)
-                    || b.room_wanted)
-                    && b.failed.is_none();
+                let want_spare = Keeper::spare_wanted(&b, shared.file_size);
                 if want_spare || b.compact {
                     break (want_spare, b.compact);
                 }
