@@ -1,5 +1,6 @@
 //! Damage: a torn last record at every byte offset, a flipped byte and a
-//! zeroed record in the middle of a log file (refused, then salvaged), a
+//! zeroed record in the middle of a log file (refused, then salvaged, also
+//! in a record whose own group was written unsynced), a
 //! hole that was never synced (a torn tail), and a second process on one
 //! directory.
 
@@ -100,15 +101,52 @@ async fn a_torn_last_record_at_every_offset_is_cut_off() {
     );
 }
 
-/// Damages the record of job 2 of six with `damage` (given the file and
-/// the record's bounds), then checks that delayq refuses to start, naming
+/// Puts jobs 0 to 5 in one write, so that their records go to the disk
+/// in one group, stamped alike with the sync before it, then jobs 6 to 9
+/// one at a time, each synced before the next is put; SIGKILLs the server.
+/// Returns the directory and the newest log file.
+async fn grouped_jobs_then_kill() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), SMALL).await;
+    let mut c = daemon.client().await;
+    let group: String = (0..6)
+        .map(|k| format!("put 0 0 60 5\r\njob {k}\r\n"))
+        .collect();
+    c.send(group.as_bytes()).await;
+    for _ in 0..6 {
+        let reply = c.line().await;
+        assert!(reply.starts_with("INSERTED "), "{reply}");
+    }
+    for k in 6..10 {
+        c.put_ok(0, 0, 60, format!("job {k}").as_bytes()).await;
+    }
+    daemon.kill();
+    let log = log_files(dir.path()).pop().expect("a log file");
+    (dir, log)
+}
+
+/// Damages the record of job 2 with `damage` (given the file and the
+/// record's bounds), then checks that delayq refuses to start, naming
 /// the file and the record's offset, that refusing changed nothing (it
 /// refuses again), and that with `--salvage` it serves every job but job 2.
-async fn refused_then_salvaged(damage: impl FnOnce(&mut [u8], usize, usize)) {
-    const N: usize = 6;
-    let (dir, log) = jobs_then_kill(N).await;
+/// `grouped`: the jobs as [`grouped_jobs_then_kill`] puts them (ten),
+/// else six put one at a time.
+async fn refused_then_salvaged(grouped: bool, damage: impl FnOnce(&mut [u8], usize, usize)) {
+    let (n, (dir, log)) = if grouped {
+        (10, grouped_jobs_then_kill().await)
+    } else {
+        (6, jobs_then_kill(6).await)
+    };
     let mut file = std::fs::read(&log).unwrap();
     let (start, end) = record_of(&file, "job 2");
+    if grouped {
+        // What makes this case: the record after the damaged one was
+        // written before it was synced (its stamp, seq minus the gap at
+        // byte 16, is below the damaged record's seq), so only the later
+        // groups tell that the damaged record had been synced.
+        let gap = u32::from_le_bytes(file[end + 16..end + 20].try_into().unwrap());
+        assert!(gap > 1, "jobs 2 and 3 were not written in one group");
+    }
     damage(&mut file, start, end);
     std::fs::write(&log, &file).unwrap();
 
@@ -123,7 +161,7 @@ async fn refused_then_salvaged(damage: impl FnOnce(&mut [u8], usize, usize)) {
     assert!(start_or_refuse(dir.path(), SMALL).is_some());
 
     let got = bodies_with(dir.path(), &["-s", "131072", "--salvage"]).await;
-    let mut want = expected(N);
+    let mut want = expected(n);
     want.remove(2);
     assert_eq!(got, want, "every job but the damaged one");
 }
@@ -146,7 +184,16 @@ fn record_of(file: &[u8], body: &str) -> (usize, usize) {
 /// the file and offset; with `--salvage` it starts without that record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_is_refused_then_salvaged() {
-    refused_then_salvaged(|file, start, end| file[(start + end) / 2] ^= 0x40).await;
+    refused_then_salvaged(false, |file, start, end| file[(start + end) / 2] ^= 0x40).await;
+}
+
+/// The same in a record written in one group with those after it: the
+/// records of its own group carry the stamp of the sync before them, but
+/// those of later groups say it was synced, so it is damage, not a torn
+/// tail that would drop (and clear from the disk) every job after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_a_group_synced_since_is_refused_then_salvaged() {
+    refused_then_salvaged(true, |file, start, end| file[(start + end) / 2] ^= 0x40).await;
 }
 
 /// A whole record turned to zeros in the middle of the newest log file
@@ -155,7 +202,13 @@ async fn a_flipped_byte_is_refused_then_salvaged() {
 /// named, not a silent end that drops every job after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zeroed_record_with_synced_records_after_it_is_refused_then_salvaged() {
-    refused_then_salvaged(|file, start, end| file[start..end].fill(0)).await;
+    refused_then_salvaged(false, |file, start, end| file[start..end].fill(0)).await;
+}
+
+/// The same, the record written in one group with those after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zeroed_record_in_a_group_synced_since_is_refused_then_salvaged() {
+    refused_then_salvaged(true, |file, start, end| file[start..end].fill(0)).await;
 }
 
 /// The same hole where nothing after it was synced (`-F`) is a torn tail:

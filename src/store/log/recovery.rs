@@ -79,6 +79,22 @@ fn continuation(
     })
 }
 
+/// Whether a valid record from `from` on, numbered `seq` or higher, was
+/// written once record `seq` was synced (its stamp says so). Every such
+/// record counts, not only the first: the records of one group share the
+/// stamp of the sync before them, so the damaged record's own group says
+/// nothing either way, and only a later group tells that it was synced.
+fn synced_after(data: &[u8], version: u32, from: usize, seq: u64) -> bool {
+    let mut at = from;
+    while let Some((found, f)) = continuation(data, version, at, seq) {
+        if f.stamp >= seq {
+            return true;
+        }
+        at = found + f.len;
+    }
+    false
+}
+
 /// Replays the snapshot and log files of `listing` into `state`.
 pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Recovered, String> {
     let mut out = Recovered {
@@ -256,8 +272,7 @@ fn replay_file(
         if next.is_none() && next_first == Some(out.next_seq) {
             return Ok(at as u64);
         }
-        let unsynced = next.is_none_or(|(_, f)| f.stamp < out.next_seq);
-        if newest && unsynced {
+        if newest && !synced_after(data, version, at + 1, out.next_seq) {
             warn!(
                 file = %path.display(), offset = at, reason = %why,
                 "cut off a torn tail of the log (what a crash mid-write leaves); \
