@@ -76,7 +76,28 @@ impl Daemon {
         Daemon::spawn(&with_dir, None).await
     }
 
+    /// [`Daemon::durable`], with the server's standard error written to
+    /// `log`, for a test that reads what it says.
+    pub async fn durable_logged(
+        dir: &std::path::Path,
+        args: &[&str],
+        log: &std::path::Path,
+    ) -> Daemon {
+        let path = dir.to_str().expect("a UTF-8 path");
+        let mut with_dir = vec!["-b", path];
+        with_dir.extend_from_slice(args);
+        Daemon::spawn_to(&with_dir, None, Some(log)).await
+    }
+
     async fn spawn(args: &[&str], dir: Option<tempfile::TempDir>) -> Daemon {
+        Daemon::spawn_to(args, dir, None).await
+    }
+
+    async fn spawn_to(
+        args: &[&str],
+        dir: Option<tempfile::TempDir>,
+        log: Option<&std::path::Path>,
+    ) -> Daemon {
         let mut dir = dir;
         // Another test may take the free port first: then try another.
         let mut exited = None;
@@ -88,7 +109,12 @@ impl Daemon {
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(log_for(port))
+                .stderr(match log {
+                    Some(path) => std::fs::File::create(path)
+                        .map(Stdio::from)
+                        .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display())),
+                    None => log_for(port),
+                })
                 .spawn()
                 .expect("spawn delayq");
             let mut daemon = Daemon {

@@ -62,7 +62,9 @@ async fn a_full_disk_refuses_puts_and_recovers_by_itself() {
     let filler = fs.path.join("filler");
     std::fs::write(&filler, vec![1u8; 1 << 20]).unwrap();
     let data = fs.path.join("data");
-    let mut daemon = Daemon::durable(&data, &["-s", "262144"]).await;
+    // Outside the tmpfs, which is to be full.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut daemon = Daemon::durable_logged(&data, &["-s", "262144"], log.path()).await;
     let mut c = daemon.client().await;
     let body = vec![b'x'; 4000];
     let mut acked = Vec::new();
@@ -84,8 +86,32 @@ async fn a_full_disk_refuses_puts_and_recovers_by_itself() {
         "only {} puts before the disk filled",
         acked.len()
     );
-    // Still refused, and nothing was stored for the refusals.
-    assert_eq!(c.put(0, 0, 60, &body).await, "OUT_OF_MEMORY");
+    // Still refused, and nothing was stored for the refusals; each refusal
+    // asks for room, but the disk is tried (and the trouble told) once a
+    // second, not at every change.
+    let said = |what: &str| {
+        std::fs::read_to_string(log.path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    let (prepare, compact) = ("cannot prepare the next log file", "compaction failed");
+    let before = (said(prepare), said(compact));
+    let refusing = Instant::now();
+    let mut refusals = 0;
+    while refusing.elapsed() < Duration::from_secs(2) {
+        assert_eq!(c.put(0, 0, 60, &body).await, "OUT_OF_MEMORY");
+        refusals += 1;
+    }
+    let after = (said(prepare), said(compact));
+    assert!(
+        after.0 - before.0 <= 3 && after.1 - before.1 <= 3,
+        "in 2 s of {refusals} refused puts the log said {:?} times that it cannot \
+         prepare a file, and {:?} that compaction failed",
+        after.0 - before.0,
+        after.1 - before.1
+    );
     let stats = c.stats().await;
     assert_eq!(stats.num("current-jobs-ready"), acked.len() as u64);
     // Everything else goes on, on the same connection.

@@ -142,16 +142,26 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
             }
         }
         if failed {
-            let b = shared.lock();
+            // The whole second: every change refused for want of room asks
+            // for a spare and wakes this thread, which would otherwise try
+            // the full disk again (and fail a snapshot, and say so) at
+            // every change.
+            let until = Instant::now() + RETRY;
+            let mut b = shared.lock();
+            while !b.stopping {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                b = shared
+                    .chores
+                    .wait_timeout(b, until - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
             if b.stopping {
                 return;
             }
-            drop(
-                shared
-                    .chores
-                    .wait_timeout(b, RETRY)
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
         }
     }
 }
