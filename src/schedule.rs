@@ -98,6 +98,11 @@ impl When {
     /// refused if it has no moment within [`MAX_CRON_WAIT`] of `now`.
     pub fn cron(zone: &str, expr: &str, now: u64) -> Result<When, Refusal> {
         let zone = Tz::from_str(zone).map_err(|_| "bad-zone")?;
+        // The stores keep a schedule's fields on lines: a line break in
+        // the expression (which the parser takes for a space) would split it.
+        if expr.bytes().any(|b| b.is_ascii_control()) {
+            return Err("bad-cron");
+        }
         let cron = parse_cron(expr).ok_or("bad-cron")?;
         let when = When::Cron {
             expr: Arc::from(expr),
@@ -116,7 +121,7 @@ impl When {
         match self {
             When::Every(period) => {
                 let p = period.as_millis() as u64;
-                (t / p).checked_add(1)?.checked_mul(p)
+                t.checked_div(p)?.checked_add(1)?.checked_mul(p)
             }
             When::Cron { zone, cron, .. } => {
                 let at = zone.from_utc_datetime(&utc(t)?.naive_utc());
@@ -131,7 +136,7 @@ impl When {
         match self {
             When::Every(period) => {
                 let p = period.as_millis() as u64;
-                Some(t / p * p)
+                Some(t.checked_div(p)? * p)
             }
             When::Cron { zone, cron, .. } => {
                 let at = zone.from_utc_datetime(&utc(t)?.naive_utc());
@@ -241,7 +246,9 @@ impl Schedule {
         out
     }
 
-    /// A schedule as [`Schedule::encode`] wrote it.
+    /// A schedule as [`Schedule::encode`] wrote it; `None` if it is not
+    /// one that `schedule` could have made (an import's line is decoded
+    /// here too, and may have been written by anyone).
     pub fn decode(raw: &[u8]) -> Option<Schedule> {
         let mut fields = raw.splitn(10, |&b| b == b'\n');
         let mut text = || std::str::from_utf8(fields.next()?).ok();
@@ -249,21 +256,32 @@ impl Schedule {
             return None;
         }
         let name = text()?;
+        if !valid_name(name.as_bytes()) {
+            return None;
+        }
         let tube = Tube::parse(text()?.as_bytes())?;
         let pri = text()?.parse().ok()?;
-        let ttr = Duration::from_millis(text()?.parse().ok()?);
+        let ttr_ms: u64 = text()?.parse().ok()?;
+        if ttr_ms > u64::from(u32::MAX) * 1000 {
+            return None;
+        }
+        let ttr = Duration::from_millis(ttr_ms);
         let since: u64 = text()?.parse().ok()?;
+        utc(since)?;
         let every = text()?;
         let zone = text()?;
         let expr = text()?;
         let when = if every == "cron" {
+            if expr.bytes().any(|b| b.is_ascii_control()) {
+                return None;
+            }
             When::Cron {
                 expr: Arc::from(expr),
                 zone: Tz::from_str(zone).ok()?,
                 cron: Box::new(parse_cron(expr)?),
             }
         } else {
-            When::Every(Duration::from_millis(every.parse().ok()?))
+            When::every(Duration::from_millis(every.parse().ok()?)).ok()?
         };
         let body = Bytes::copy_from_slice(fields.next()?);
         Some(Schedule {
@@ -332,6 +350,15 @@ mod tests {
 
     #[test]
     fn bad_cron_is_refused_with_a_reason() {
+        // A line break would split the stored schedule (the parser reads
+        // it as a space).
+        for expr in ["* * * *\n*", "* * * * * *\n", "*\t* * * *"] {
+            assert_eq!(
+                When::cron("UTC", expr, NOV_26_0249),
+                Err("bad-cron"),
+                "{expr:?}"
+            );
+        }
         assert_eq!(
             When::cron("UTC", "0 0 30 2 *", NOV_26_0249).err(),
             Some("never-fires")

@@ -37,7 +37,11 @@ use super::ClientError;
 use super::options;
 use crate::job::{ExportCursor, JobCounters, JobState, Lifecycle, WholeJob};
 use crate::names::{JobId, Tube};
-use crate::schedule::Schedule;
+use crate::schedule::{FIRED_MARGIN, Schedule};
+
+/// The longest delay or TTR an import takes, in milliseconds: what 32-bit
+/// seconds allow on the wire.
+const MAX_SPAN_MS: u64 = u32::MAX as u64 * 1000;
 
 /// Most jobs one `export` page holds.
 pub const MAX_PAGE: usize = 1000;
@@ -202,6 +206,23 @@ pub fn read_any(line: &[u8], now: SystemTime, max_job_size: usize) -> Result<Lin
                 .ok_or_else(bad)?;
             let raw = BASE64.decode(raw).map_err(|_| bad())?;
             let schedule = Schedule::decode(&raw).ok_or_else(bad)?;
+            // The line's own name and tube, if given, are the schedule's:
+            // a line that says otherwise was edited by hand, and wrongly.
+            let said = |field: &str, is: &str| {
+                obj.get(field)
+                    .is_none_or(|v| v.as_str().is_some_and(|v| v == is))
+            };
+            if !said("name", &schedule.name) || !said("tube", schedule.tube.as_str()) {
+                return Err(bad());
+            }
+            // Registered in the future, it would fire for moments before
+            // its registration; a clock a little ahead is allowed for.
+            let now_ms = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            if schedule.since > now_ms.saturating_add(FIRED_MARGIN.as_millis() as u64) {
+                return Err(bad());
+            }
             if schedule.body.len() > max_job_size {
                 return Err(ClientError::JobTooBig);
             }
@@ -232,6 +253,14 @@ pub fn read_line(
     };
     let small =
         |name: &str| -> Result<u32, ClientError> { u32::try_from(count(name)?).map_err(|_| bad()) };
+    // Delays and TTRs are seconds in 32 bits on the wire, here milliseconds:
+    // an import takes no more than a put could have made.
+    let span = |name: &str| -> Result<Duration, ClientError> {
+        let ms = count(name)?;
+        (ms <= MAX_SPAN_MS)
+            .then(|| Duration::from_millis(ms))
+            .ok_or_else(bad)
+    };
     let time = |name: &str| -> Result<SystemTime, ClientError> {
         let raw = text(name).ok_or_else(bad)?;
         let at = DateTime::parse_from_rfc3339(raw).map_err(|_| bad())?;
@@ -255,6 +284,9 @@ pub fn read_line(
         JobState::Delayed => time("due")?.duration_since(now).unwrap_or_default(),
         _ => Duration::ZERO,
     };
+    if time_left.as_millis() > u128::from(MAX_SPAN_MS) {
+        return Err(bad());
+    }
     let options = match text("options") {
         None => Default::default(),
         Some(words) => {
@@ -280,10 +312,10 @@ pub fn read_line(
         state,
         pri: small("pri")?,
         age: now.duration_since(created).unwrap_or_default(),
-        delay: Duration::from_millis(count("delay-ms")?),
+        delay: span("delay-ms")?,
         time_left,
         bury_order: count("bury-order")?,
-        ttr: Duration::from_millis(count("ttr-ms")?),
+        ttr: span("ttr-ms")?,
         counters: JobCounters {
             reserves: small("reserves")?,
             timeouts: small("timeouts")?,

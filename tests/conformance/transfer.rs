@@ -28,6 +28,7 @@ backend_tests!(
     a_large_server_id_is_kept_and_its_delayed_job_comes_out_on_time,
     pipelined_imports_are_answered_in_order,
     tube_settings_and_schedules_move_too,
+    bad_schedule_lines_are_refused_and_schedules_go_on,
 );
 
 /// A tube no other test of the run uses.
@@ -290,6 +291,16 @@ async fn bad_import_lines_are_refused_and_the_connection_goes_on(b: Backend) {
         // An imported server id is 1 to 2^47 - 1.
         good.replace(&format!(r#""id":"{tube}:x""#), r#""id":0"#),
         good.replace(&format!(r#""id":"{tube}:x""#), r#""id":140737488355328"#),
+        // Delays and TTRs are at most 2^32 - 1 seconds, as a put's.
+        good.replace(r#""ttr-ms":1000"#, r#""ttr-ms":4294967296000"#),
+        good.replace(
+            r#""ttr-ms":1000"#,
+            r#""ttr-ms":1000,"delay-ms":18446744073709551615"#,
+        ),
+        good.replace(
+            r#""state":"ready""#,
+            r#""state":"delayed","due":"9999-01-01T00:00:00Z""#,
+        ),
     ] {
         let reply = c.cmd(&format!("import {}\r\n{bad}", bad.len())).await;
         assert_eq!(reply, "BAD_FORMAT", "{bad}");
@@ -489,4 +500,82 @@ async fn move_settings_and_schedule(from: &mut Client, to: &mut Client, what: &s
     for c in [from, to] {
         assert_eq!(c.cmd(&format!("unschedule {name}")).await, "UNSCHEDULED");
     }
+}
+
+/// The line of an exported schedule: the fields as the stores keep them
+/// (`name`, `tube`, priority, TTR and registration in ms, interval or
+/// `cron`, zone, expression, body), base64 in a JSON line.
+fn schedule_line(
+    name: &str,
+    tube: &str,
+    ttr_ms: u64,
+    since: u64,
+    every: &str,
+    expr: &str,
+) -> String {
+    use base64::Engine;
+    let (zone, every) = if expr.is_empty() {
+        ("", every)
+    } else {
+        ("UTC", "cron")
+    };
+    let raw = format!("1\n{name}\n{tube}\n0\n{ttr_ms}\n{since}\n{every}\n{zone}\n{expr}\nbody");
+    serde_json::json!({
+        "kind": "schedule",
+        "name": name,
+        "tube": tube,
+        "schedule": base64::engine::general_purpose::STANDARD.encode(raw),
+    })
+    .to_string()
+}
+
+/// An import takes no schedule that `schedule` would have refused: an
+/// interval under a second (zero stopped every schedule of the server, and
+/// its listing), a name a firing's id cannot carry, a TTR or registration
+/// out of range, a line whose name is not its schedule's. The schedules
+/// then go on: the listing answers and a good line is imported.
+async fn bad_schedule_lines_are_refused_and_schedules_go_on(b: Backend) {
+    let server = TestServer::start(b).await;
+    let mut c = server.client().await;
+    let tube = fresh_tube("sched");
+    let name = format!("{tube}-good");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let hour = 3_600_000;
+    for bad in [
+        schedule_line(&name, &tube, 60_000, now, "0", ""),
+        schedule_line(&name, &tube, 60_000, now, "1", ""),
+        schedule_line(&name, &tube, 60_000, now, "999", ""),
+        schedule_line(
+            &name,
+            &tube,
+            60_000,
+            now,
+            &(400 * 86_400_000u64).to_string(),
+            "",
+        ),
+        schedule_line("a b", &tube, 60_000, now, "1000", ""),
+        schedule_line(&"n".repeat(200), &tube, 60_000, now, "1000", ""),
+        schedule_line(&name, &tube, u64::MAX, now, "1000", ""),
+        schedule_line(&name, &tube, 60_000, now + 2 * hour, "1000", ""),
+        schedule_line(&name, &tube, 60_000, u64::MAX, "1000", ""),
+        schedule_line(&name, &tube, 60_000, now, "", "not cron"),
+        schedule_line(&name, &tube, 60_000, now, "1000", "")
+            .replace(&format!(r#""name":"{name}""#), r#""name":"another""#),
+    ] {
+        let reply = c.cmd(&format!("import {}\r\n{bad}", bad.len())).await;
+        assert_eq!(reply, "BAD_FORMAT", "{bad}");
+    }
+    assert!(c.schedules().await.iter().all(|s| !s.contains(&tube)));
+    let good = schedule_line(&name, &tube, 60_000, now, "1000", "");
+    let reply = c.cmd(&format!("import {}\r\n{good}", good.len())).await;
+    assert_eq!(reply, format!("IMPORTED schedule {name}"));
+    // It fires, once a second.
+    assert_eq!(c.cmd(&format!("watch {tube}")).await, "WATCHING 2");
+    let job = c.reserved("reserve-with-timeout 3").await;
+    assert_eq!(job.body, b"body");
+    assert!(c.schedules().await.join("\n").contains(&name));
+    assert_eq!(c.cmd(&format!("unschedule {name}")).await, "UNSCHEDULED");
 }
