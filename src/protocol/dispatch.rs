@@ -157,18 +157,18 @@ impl<S: Store> Session<S> {
             Command::Watch(tube) => {
                 if !self.watched.contains(&tube) {
                     broker.attach(&tube, TubeRef::Watching).await?;
-                    self.watched.push(tube);
+                    self.watched.insert(tube);
                 }
                 Reply::Watching(self.watched.len())
             }
-            Command::Ignore(tube) => match self.watched.iter().position(|t| *t == tube) {
-                Some(_) if self.watched.len() == 1 => Reply::NotIgnored,
-                Some(at) => {
-                    self.watched.remove(at);
+            Command::Ignore(tube) => match self.watched.contains(&tube) {
+                true if self.watched.len() == 1 => Reply::NotIgnored,
+                true => {
+                    self.watched.swap_remove(&tube);
                     broker.detach(&tube, TubeRef::Watching).await?;
                     Reply::Watching(self.watched.len())
                 }
-                None => Reply::Watching(self.watched.len()),
+                false => Reply::Watching(self.watched.len()),
             },
             Command::Peek(id) => found_job(broker.peek(&id).await?),
             Command::PeekReady => found_job(broker.peek_ready(&self.used).await?),
@@ -288,7 +288,7 @@ impl<S: Store> Session<S> {
     ) -> StoreResult<Outcome> {
         let tubes: Arc<[Tube]> = match tube {
             Some(t) => Arc::from([t]),
-            None if matches!(self.access, Access::Open) => Arc::from(self.watched.as_slice()),
+            None if matches!(self.access, Access::Open) => self.watched.iter().cloned().collect(),
             None => {
                 // A prefix token takes only from the watched tubes it may
                 // touch, so `default`, watched from the start, need not be

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use indexmap::IndexSet;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tracing::{debug, error, warn};
@@ -65,8 +66,11 @@ pub struct Session<S: Store> {
     pub id: ConnId,
     pub(super) shared: Arc<Shared<S>>,
     pub(super) used: Tube,
-    /// In the order they were watched, as `list-tubes-watched` prints them.
-    pub(super) watched: Vec<Tube>,
+    /// In the order `list-tubes-watched` prints them: as watched, an
+    /// ignored tube's place taken by the last (beanstalkd's order). A set,
+    /// so that watching or letting go of each of many tubes is not a walk
+    /// over all of them.
+    pub(super) watched: IndexSet<Tube>,
     /// When each job this connection holds runs out of time, as far as this
     /// connection knows (only it can touch, release or finish them; the timer
     /// takes them when the deadline passes).
@@ -161,7 +165,7 @@ impl<S: Store> Session<S> {
             id,
             shared,
             used: tube.clone(),
-            watched: vec![tube],
+            watched: IndexSet::from([tube]),
             deadlines: HashMap::new(),
             producer: false,
             worker: false,
