@@ -398,7 +398,6 @@ async fn unknown_commands(backend: Backend) {
         "\t",
         "finsh 1",
         "peek_ready",
-        "\x00",
         "kick\t1",
         "foo ",
         "deletex 1",
@@ -407,6 +406,11 @@ async fn unknown_commands(backend: Backend) {
     }
     c.send(b"\xff\xfe\r\n").await;
     assert_eq!(c.line().await, "UNKNOWN_COMMAND");
+    // A NUL byte anywhere in the line is BAD_FORMAT, as beanstalkd 1.12
+    // answers it before it looks at the command.
+    for line in ["\x00", "foo\x00", "\x00stats", "quit\x00"] {
+        assert_eq!(c.cmd(line).await, "BAD_FORMAT", "{line:?}");
+    }
     assert_eq!(c.cmd("list-tube-used").await, "USING default");
 }
 

@@ -278,8 +278,12 @@ pub enum Line {
 /// recognises a command by prefix: `name ` for commands with arguments, the
 /// bare name for the others. So `delete` alone is `UNKNOWN_COMMAND`, while
 /// `stats-job` alone (which starts with `stats`) or `statsx` is `BAD_FORMAT`,
-/// and anything starting with `quit` quits.
+/// and anything starting with `quit` quits. A line holding a NUL byte is
+/// `BAD_FORMAT` whatever it says, as beanstalkd checks before anything.
 pub fn parse_line(line: &[u8]) -> Result<Line, ClientError> {
+    if memchr::memchr(0, line).is_some() {
+        return Err(ClientError::BadFormat);
+    }
     if let Some(sp) = memchr::memchr(b' ', line) {
         let (name, rest) = (&line[..sp], &line[sp + 1..]);
         if WITH_ARGS.contains(&name) {
@@ -593,6 +597,9 @@ mod tests {
         assert_eq!(cmd("foo "), Err(ClientError::UnknownCommand));
         assert_eq!(cmd(" "), Err(ClientError::UnknownCommand));
         assert_eq!(cmd("quit x"), Ok(Line::Command(Command::Quit)));
+        for nul in ["\0", "foo\0", "\0stats", "quit\0", "stats\0", "use a\0b"] {
+            assert_eq!(cmd(nul), Err(ClientError::BadFormat), "{nul:?}");
+        }
         assert_eq!(
             cmd("list-tubes-watched"),
             Ok(Line::Command(Command::ListTubesWatched))
