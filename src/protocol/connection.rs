@@ -12,6 +12,7 @@
 //! only `TcpStream`.
 
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::{Instant, Sleep, sleep_until};
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, error};
 
 use super::codec::{Codec, Limits, Request};
 use super::command::Command;
@@ -75,12 +76,43 @@ async fn serve_held<S: Store, T: Transport>(
     *wire.write_buffer_mut() = BytesMut::new();
     let mut session = Session::open(shared, conn);
     session.peer = peer;
+    // A panic (a bug) ends the connection, but not before its jobs and tubes
+    // are let go of and it is counted out: unwound without that, its
+    // reserved jobs waited for their TTR and the stats counted it for ever.
+    let talked = AssertUnwindSafe(converse(&mut wire, &mut session, &shutdown))
+        .catch_unwind()
+        .await;
+    match talked {
+        // Whatever was answered before a quit or hang-up still goes out.
+        Ok(()) => {
+            flush_safe(&mut wire).await;
+        }
+        Err(_) => error!(
+            conn,
+            ?peer,
+            "a command panicked (a bug): the connection is closed, its jobs and tubes let go of"
+        ),
+    }
+    // Nothing answers what closing changes: let it wait as usual.
+    held::pipelining(false);
+    Box::pin(session.close()).await;
+    debug!(conn, ?peer, "connection closed");
+    wire.into_inner()
+}
+
+/// Reads requests and answers them until the client quits or hangs up,
+/// the server stops, or a reply cannot be sent.
+async fn converse<S: Store, T: Transport>(
+    wire: &mut Wire<T>,
+    session: &mut Session<S>,
+    shutdown: &CancellationToken,
+) {
     // A request read ahead while gathering pipelined puts.
     let mut ahead = None;
     loop {
         let request = match ahead.take() {
             Some(request) => request,
-            None => match next_request(&mut wire, &shutdown).await {
+            None => match next_request(wire, shutdown).await {
                 Some(request) => request,
                 None => break,
             },
@@ -89,13 +121,13 @@ async fn serve_held<S: Store, T: Transport>(
         // changes need not each wait for the disk before the next runs.
         held::pipelining(ahead.is_some() || !wire.read_buffer().is_empty());
         let next = if is_put(&request) {
-            let (puts, next) = more_puts(&mut wire, request);
-            if !answer_puts(&mut wire, &mut session, puts).await {
+            let (puts, next) = more_puts(wire, request);
+            if !answer_puts(wire, session, puts).await {
                 break;
             }
             next
         } else {
-            if !answer(&mut wire, &mut session, request, &shutdown).await {
+            if !answer(wire, session, request, shutdown).await {
                 break;
             }
             Ahead::Nothing
@@ -106,13 +138,6 @@ async fn serve_held<S: Store, T: Transport>(
             Ahead::End => break,
         }
     }
-    // Whatever was answered before a quit or hang-up still goes out.
-    flush_safe(&mut wire).await;
-    // Nothing answers what closing changes: let it wait as usual.
-    held::pipelining(false);
-    Box::pin(session.close()).await;
-    debug!(conn, ?peer, "connection closed");
-    wire.into_inner()
 }
 
 /// Answers one request; returns `false` when the connection must end.
