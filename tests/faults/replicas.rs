@@ -92,3 +92,47 @@ async fn redis_wait_acknowledges_a_put_only_once_a_replica_has_it() {
         );
     }
 }
+
+/// A put waiting for a replica that is not there holds up nobody else:
+/// `WAIT` holds its connection inside Redis for its whole timeout, and
+/// every other command used to wait behind it on the one shared
+/// connection (reads, reserves and the timer's ticks took 2 s each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_waiting_for_a_replica_holds_up_no_other_command() {
+    const LONG_WAIT_MS: u64 = 1500;
+    let primary = RedisServer::start(&[]);
+    let timeout = LONG_WAIT_MS.to_string();
+    let server = Daemon::start(&[
+        "--redis",
+        &primary.url,
+        "--redis-wait",
+        "1",
+        "--redis-wait-timeout",
+        &timeout,
+    ])
+    .await;
+    let mut other = server.client().await;
+    assert_eq!(other.put(0, 0, 60, b"first").await, "INTERNAL_ERROR");
+    let mut producer = server.client().await;
+    for round in 0..3 {
+        producer.send(b"put 0 0 60 4\r\nwait\r\n").await;
+        // The put's call and its WAIT are on their way.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let start = Instant::now();
+        other.found("peek-ready").await;
+        let stats = other.stats_tube("default").await;
+        assert!(stats.num("current-jobs-ready") >= 1);
+        let job = other.reserved("reserve-with-timeout 0").await;
+        assert_eq!(
+            other.cmd(&format!("release {} 0 0", job.id)).await,
+            "RELEASED"
+        );
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_millis(LONG_WAIT_MS / 2),
+            "round {round}: a peek, a stats-tube, a reserve and a release took {took:?} \
+             while a put waited for a replica"
+        );
+        assert_eq!(producer.line().await, "INTERNAL_ERROR");
+    }
+}

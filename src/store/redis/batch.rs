@@ -119,8 +119,13 @@ pub(super) fn server_id_key(out: &mut String, n: u64) {
 /// Calls in flight are polled here rather than in tasks of their own, so a
 /// reply reaches the connections waiting on it without another hop through
 /// the scheduler.
+///
+/// With `--redis-wait`, calls holding puts go on `waiting`, a connection of
+/// their own (the `WAIT` after them holds their connection up in Redis).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run(
     conn: Conn,
+    waiting: Option<Conn>,
     tag: String,
     process: String,
     library: Arc<Library>,
@@ -134,6 +139,10 @@ pub(super) async fn run(
         tag: Arc::from(tag),
         process: Arc::from(process),
         library,
+    };
+    let conn_for = |ops: &[Op]| match &waiting {
+        Some(w) if call.wait.is_some() && ops.iter().any(|op| op.kind == Kind::Puts) => w.clone(),
+        _ => conn.clone(),
     };
     let mut flying = FuturesUnordered::new();
     let mut ops = Vec::with_capacity(MAX_BATCH);
@@ -152,7 +161,7 @@ pub(super) async fn run(
                     }
                 }
                 if !ops.is_empty() {
-                    flying.push(send(conn.clone(), call.clone(), std::mem::take(&mut ops)));
+                    flying.push(send(conn_for(&ops), call.clone(), std::mem::take(&mut ops)));
                 }
                 let done: Done = done;
                 let mut orphans = Vec::new();
@@ -162,7 +171,7 @@ pub(super) async fn run(
                     }
                 }
                 if !orphans.is_empty() {
-                    flying.push(send(conn.clone(), call.clone(), orphans));
+                    flying.push(send(conn_for(&orphans), call.clone(), orphans));
                 }
             }
             n = queue.recv_many(&mut ops, MAX_BATCH), if open && flying.len() < IN_FLIGHT => {
@@ -170,7 +179,7 @@ pub(super) async fn run(
                     open = false;
                     continue;
                 }
-                flying.push(send(conn.clone(), call.clone(), std::mem::take(&mut ops)));
+                flying.push(send(conn_for(&ops), call.clone(), std::mem::take(&mut ops)));
             }
         }
     }

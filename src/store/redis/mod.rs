@@ -210,6 +210,20 @@ impl RedisStore {
                 (conn, Some(sharding))
             }
         };
+        // With --redis-wait, the calls that put go on a connection of their
+        // own: WAIT holds its connection up inside Redis until the replicas
+        // answer (for its whole timeout when they do not), and every other
+        // call on that connection would wait behind it.
+        let waiting = match (options.wait, &target) {
+            (None, _) => None,
+            (Some(_), Target::Single(url)) => {
+                Some(connect::single(&redis::Client::open(url.as_str()).map_err(fail)?).await?)
+            }
+            (Some(_), Target::Sentinel { sentinels, master }) => Some(Conn::Sentinel(
+                conn::Followed::new(sentinels, master).map_err(fail)?,
+            )),
+            (Some(_), Target::Cluster(seeds)) => Some(connect::cluster(seeds).await?),
+        };
         let mut conn = conn;
         connect::prepare(&mut conn, &tag, &library).await?;
         let tags = match &sharding {
@@ -223,6 +237,7 @@ impl RedisStore {
                 let (queue, ops) = mpsc::unbounded_channel();
                 tokio::spawn(batch::run(
                     conn.clone(),
+                    waiting.clone(),
                     t,
                     process.clone(),
                     library.clone(),
