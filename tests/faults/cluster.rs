@@ -711,3 +711,70 @@ async fn redis_frozen_every_reply_in_time() {
         started.elapsed()
     );
 }
+
+/// A primary that hangs (SIGSTOP) rather than dies: its replica is
+/// promoted, and delayq follows while the old primary is still frozen. The
+/// crate, never told (the frozen node answers nothing, not even `MOVED`),
+/// went on sending that primary's slots' calls to it while the other
+/// primaries' calls succeeded, so the watchdog, which looked at every call
+/// together, never stepped in: puts on those shards failed until SIGCONT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_primarys_failover_is_followed_while_it_is_still_frozen() {
+    let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
+    let (owners, control) = blocking(&cluster, |c| layout(c, PREFIX)).await;
+    let (node, replica) = blocking(&cluster, move |c| {
+        let node = c
+            .masters()
+            .into_iter()
+            .find(|&m| m != control)
+            .expect("another primary");
+        (node, c.replicas_of(node)[0])
+    })
+    .await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
+    let mut c = daemon.client().await;
+    let mut ids = ids_on(owners, node, "thawless");
+    let id = ids.next().expect("an id");
+    let reply = c.put_id(0, 0, 60, b"before", &id).await;
+    assert!(reply.starts_with("INSERTED "), "{reply}");
+    // Time for the replica to have it (replication is asynchronous).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let frozen = Instant::now();
+    blocking(&cluster, move |c| c.stop(node)).await;
+    let promoted = loop {
+        let role = blocking(&cluster, move |c| c.cli(replica, &["ROLE"])).await;
+        if role.starts_with("master") {
+            break frozen.elapsed();
+        }
+        assert!(
+            frozen.elapsed() < Duration::from_secs(30),
+            "the frozen primary's replica was not promoted in 30 s: {role}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Its shards take puts again, the old primary still frozen.
+    let back = loop {
+        let id = ids.next().expect("an id");
+        let reply = c.put_id(0, 0, 60, b"after", &id).await;
+        if reply.starts_with("INSERTED ") {
+            break frozen.elapsed();
+        }
+        assert_eq!(reply, "INTERNAL_ERROR");
+        assert!(
+            frozen.elapsed() < promoted + Duration::from_secs(20),
+            "puts on the frozen primary's shards still failed 20 s after its replica \
+             was promoted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The job put before the freeze is on the promoted replica.
+    let job = c.found(&format!("peek {id}")).await;
+    assert_eq!(job.body, b"before");
+    blocking(&cluster, move |c| c.cont(node)).await;
+    eprintln!(
+        "primary frozen: its replica promoted after {promoted:.1?}, puts on its shards \
+         taken again after {back:.1?} (the old primary still frozen)"
+    );
+}

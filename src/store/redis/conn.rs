@@ -4,6 +4,7 @@
 //! found through Sentinel (asked again whenever the one in use fails, so a
 //! failover is followed without a restart).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -276,8 +277,8 @@ impl Followed {
     }
 }
 
-/// How long a cluster connection may fail every call before it is built
-/// anew. A failover leaves slots without a primary for about the cluster's
+/// How long a cluster connection may fail every call to one slot before
+/// it is built anew. A failover leaves slots without a primary for about the cluster's
 /// node timeout, and the connection recovers from that by itself; but the
 /// redis crate's connection has been seen never to finish refreshing its
 /// slots after a primary was killed under load, timing out every call
@@ -285,8 +286,8 @@ impl Followed {
 /// asks the seeds for the slots from scratch.
 const STUCK_AFTER: Duration = Duration::from_secs(4);
 
-/// A cluster connection with a watchdog: once every call has failed for
-/// [`STUCK_AFTER`], a new connection is built in the background and
+/// A cluster connection with a watchdog: once every call to some slot has
+/// failed for [`STUCK_AFTER`], a new connection is built in the background and
 /// replaces it, while the old one keeps serving (or failing) until then.
 #[derive(Clone)]
 pub(super) struct Watched {
@@ -296,8 +297,12 @@ pub(super) struct Watched {
 
 struct Watch {
     conn: ClusterConnection,
-    /// When the first of an unbroken run of failed calls ended.
-    failing_since: Option<Instant>,
+    /// For each slot (named by the hash tag of its keys) whose calls fail,
+    /// when the first of their unbroken run of failures ended. Per slot: a
+    /// frozen primary's replica is promoted, but the client, never told
+    /// (the frozen node answers nothing, not even `MOVED`), goes on sending
+    /// its slots' calls there, while the other primaries' calls succeed.
+    failing: HashMap<Vec<u8>, Instant>,
     /// Whether a new connection is being built.
     rebuilding: bool,
 }
@@ -321,7 +326,7 @@ impl Watched {
             client: Arc::new(client),
             state: Arc::new(Mutex::new(Watch {
                 conn,
-                failing_since: None,
+                failing: HashMap::new(),
                 rebuilding: false,
             })),
         })
@@ -335,24 +340,35 @@ impl Watched {
         self.lock().conn.clone()
     }
 
-    /// Notes how a call went, and starts a new connection if calls have
-    /// failed for too long.
-    fn check<T>(&self, result: RedisResult<T>) -> RedisResult<T> {
+    /// Notes how a call to the slot of `tag` went, and starts a new
+    /// connection if that slot's calls have failed for too long.
+    fn check<T>(&self, tag: &[u8], result: RedisResult<T>) -> RedisResult<T> {
         let mut watch = self.lock();
         match &result {
             Err(e) if unreachable(e) => {
-                let since = *watch.failing_since.get_or_insert_with(Instant::now);
+                let since = match watch.failing.get(tag) {
+                    Some(&since) => since,
+                    None => *watch
+                        .failing
+                        .entry(tag.to_vec())
+                        .or_insert_with(Instant::now),
+                };
                 if since.elapsed() >= STUCK_AFTER && !watch.rebuilding {
                     watch.rebuilding = true;
                     warn!(
                         failing_for = ?since.elapsed(),
+                        slot_of = %String::from_utf8_lossy(tag),
                         error = %e,
-                        "every Redis Cluster call has failed for a while: connecting anew"
+                        "every Redis Cluster call to a slot has failed for a while: connecting anew"
                     );
                     tokio::spawn(self.clone().rebuild());
                 }
             }
-            _ => watch.failing_since = None,
+            _ => {
+                if !watch.failing.is_empty() {
+                    watch.failing.remove(tag);
+                }
+            }
         }
         result
     }
@@ -367,7 +383,7 @@ impl Watched {
                 info!("new Redis Cluster connection in use");
                 watch.conn = conn;
                 // The new connection gets its own time to show it works.
-                watch.failing_since = None;
+                watch.failing.clear();
             }
             Ok(Err(e)) => warn!(error = %e, "cannot connect to the Redis Cluster yet"),
             Err(_) => warn!("connecting to the Redis Cluster timed out"),
@@ -376,7 +392,7 @@ impl Watched {
 
     async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let result = bounded(self.conn().req_packed_command(cmd)).await;
-        self.check(result)
+        self.check(tag_of(cmd), result)
     }
 
     async fn commands(
@@ -386,13 +402,30 @@ impl Watched {
         count: usize,
     ) -> RedisResult<Vec<Value>> {
         let result = bounded(self.conn().req_packed_commands(pipeline, offset, count)).await;
-        self.check(result)
+        self.check(pipeline.cmd_iter().next().map_or(&[], tag_of), result)
     }
 
     async fn route(&self, cmd: Cmd, routing: RoutingInfo) -> RedisResult<Value> {
+        let tag = tag_of(&cmd).to_vec();
         let result = bounded(self.conn().route_command(cmd, routing)).await;
-        self.check(result)
+        self.check(&tag, result)
     }
+}
+
+/// The hash tag (`{...}`) of the first argument of `cmd` that has one,
+/// or nothing: every key delayq uses in one slot has that slot's tag, and
+/// a call's key comes before its other tagged arguments.
+fn tag_of(cmd: &Cmd) -> &[u8] {
+    cmd.args_iter()
+        .find_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => {
+                let open = memchr::memchr(b'{', bytes)?;
+                let close = open + 1 + memchr::memchr(b'}', &bytes[open + 1..])?;
+                (close > open + 1).then(|| &bytes[open..=close])
+            }
+            _ => None,
+        })
+        .unwrap_or(&[])
 }
 
 /// `call`'s result, or a timeout a little after [`CALL_TIMEOUT`]. The
