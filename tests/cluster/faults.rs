@@ -409,3 +409,62 @@ async fn hot_tube(cluster: &Shared<RedisCluster>, args: &[&str]) -> Vec<usize> {
     }
     shards.into_iter().collect()
 }
+
+/// Sentinel's primary frozen (SIGSTOP), not killed: once the sentinels
+/// promote its replica, a job put through one delayq process reaches a
+/// worker blocked on another, the old primary still frozen. A frozen
+/// primary never closes the events subscription, and the listener used to
+/// stay on it, so the other processes' announcements never reached it
+/// (the worker got the job only seconds after SIGCONT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_sentinel_primarys_failover_reaches_every_process() {
+    const LIMIT: Duration = Duration::from_secs(20);
+    let setup = start_shared(RedisSentinel::start).await;
+    let seeds = blocking(&setup, |s| s.sentinel_seeds()).await;
+    let master = blocking(&setup, |s| s.master_name().to_string()).await;
+    let args = [
+        "--redis-sentinel",
+        &seeds,
+        "--redis-sentinel-master",
+        &master,
+    ];
+    let (a, b) = (Daemon::start(&args).await, Daemon::start(&args).await);
+    let (mut producer, mut worker) = (a.client().await, b.client().await);
+    producer.put_ok(0, 0, 60, b"before").await;
+    let job = worker.reserved("reserve-with-timeout 5").await;
+    assert_eq!(worker.cmd(&format!("delete {}", job.id)).await, "DELETED");
+
+    let old = blocking(&setup, |s| s.primary_port()).await;
+    let frozen = Instant::now();
+    blocking(&setup, move |s| s.stop(old)).await;
+    blocking(&setup, move |s| s.wait_for_failover(old)).await;
+    let promoted = frozen.elapsed();
+    // Both processes reach the new primary.
+    for c in [&mut producer, &mut worker] {
+        while c.cmd("reserve-with-timeout 0").await != "TIMED_OUT" {
+            assert!(
+                frozen.elapsed() < promoted + LIMIT,
+                "the new primary not reached"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Time for the listeners to follow the sentinels (a second at most).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    worker.send(b"reserve-with-timeout 10\r\n").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let put = Instant::now();
+    let reply = producer
+        .put_id(0, 0, 60, b"after", "after-the-freeze")
+        .await;
+    assert!(reply.starts_with("INSERTED "), "{reply}");
+    let line = worker.line_within(Duration::from_secs(3)).await;
+    let job = worker.job_after("RESERVED", &line).await;
+    assert_eq!(job.body, b"after");
+    let delivered = put.elapsed();
+    blocking(&setup, move |s| s.cont(old)).await;
+    eprintln!(
+        "sentinel primary frozen: promoted after {promoted:.1?}; a job put through one \
+         process reached a worker blocked on another in {delivered:.1?}"
+    );
+}

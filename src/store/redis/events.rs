@@ -38,6 +38,23 @@ impl Source {
 /// How often the listener retries while Redis is unreachable.
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 
+/// On Sentinel, how often the listener asks the sentinels which primary
+/// its channel should be on: one question a second to the sentinels, none
+/// to Redis.
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// `call`'s result, or a timeout error after [`CALL_TIMEOUT`].
+async fn bounded<T>(call: impl Future<Output = Result<T, RedisError>>) -> Result<T, RedisError> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "Redis gave no answer in time",
+            )))
+        })
+}
+
 /// What one message on the channel means: `due:MS`, `schedules:` or a
 /// tube's name (which has no colon).
 fn event(payload: &[u8]) -> Option<StoreEvent> {
@@ -62,16 +79,40 @@ pub(super) async fn listen(
     let mut connected_before = false;
     loop {
         let session = async {
-            let mut pubsub = source.client().await?.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
+            // Bounded: a primary that hangs (SIGSTOP, a stalled host) would
+            // otherwise hold the listener here for good.
+            let client = bounded(source.client()).await?;
+            let mut pubsub = bounded(client.get_async_pubsub()).await?;
+            bounded(pubsub.subscribe(&channel)).await?;
             if connected_before {
                 info!("Redis events channel back");
             }
             let _ = tx.send(StoreEvent::Resync).await;
             let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                if let Some(event) = event(msg.get_payload_bytes()) {
-                    let _ = tx.send(event).await;
+            // A primary that hangs rather than dies never closes the
+            // subscription: after its failover the other processes'
+            // announcements go to the new primary, and this one would
+            // hear none of them. So the sentinels are asked now and then.
+            let mut follow = tokio::time::interval(FOLLOW_EVERY);
+            follow.tick().await;
+            loop {
+                tokio::select! {
+                    msg = messages.next() => match msg {
+                        Some(msg) => {
+                            if let Some(event) = event(msg.get_payload_bytes()) {
+                                let _ = tx.send(event).await;
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = follow.tick(), if matches!(source, Source::Sentinel(_)) => {
+                        if let Ok(named) = bounded(source.client()).await
+                            && named.get_connection_info().addr() != client.get_connection_info().addr()
+                        {
+                            info!("the sentinels name another primary: the events channel follows");
+                            break;
+                        }
+                    }
                 }
             }
             Ok::<(), RedisError>(())
