@@ -39,8 +39,9 @@ impl Source {
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 
 /// On Sentinel, how often the listener asks the sentinels which primary
-/// its channel should be on: one question a second to the sentinels, none
-/// to Redis.
+/// its channel should be on: a second apart, each asking costs a sentinel a
+/// connection and two commands, and the primary it names a connection and
+/// a `ROLE` (the redis crate checks the role of the primary it is told of).
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 /// `call`'s result, or a timeout error after [`CALL_TIMEOUT`].
