@@ -33,20 +33,26 @@ fn wait_for_replica(url: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_wait_acknowledges_a_put_only_once_a_replica_has_it() {
-    let port = free_port().to_string();
-    let primary = RedisServer::start(&["--port", &port, "--bind", "127.0.0.1"]);
-    let timeout = WAIT_MS.to_string();
-    let server = Daemon::start(&[
+/// delayq on the Redis at `url`, acknowledging puts once a replica has
+/// them, waiting `ms` for it.
+async fn waiting_for_a_replica(url: &str, ms: u64) -> Daemon {
+    let timeout = ms.to_string();
+    Daemon::start(&[
         "--redis",
-        &primary.url,
+        url,
         "--redis-wait",
         "1",
         "--redis-wait-timeout",
         &timeout,
     ])
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_wait_acknowledges_a_put_only_once_a_replica_has_it() {
+    let port = free_port().to_string();
+    let primary = RedisServer::start(&["--port", &port, "--bind", "127.0.0.1"]);
+    let server = waiting_for_a_replica(&primary.url, WAIT_MS).await;
     let mut c = server.client().await;
 
     // No replica: the put runs, but nothing confirms it would survive a
@@ -101,16 +107,7 @@ async fn redis_wait_acknowledges_a_put_only_once_a_replica_has_it() {
 async fn a_put_waiting_for_a_replica_holds_up_no_other_command() {
     const LONG_WAIT_MS: u64 = 1500;
     let primary = RedisServer::start(&[]);
-    let timeout = LONG_WAIT_MS.to_string();
-    let server = Daemon::start(&[
-        "--redis",
-        &primary.url,
-        "--redis-wait",
-        "1",
-        "--redis-wait-timeout",
-        &timeout,
-    ])
-    .await;
+    let server = waiting_for_a_replica(&primary.url, LONG_WAIT_MS).await;
     let mut other = server.client().await;
     assert_eq!(other.put(0, 0, 60, b"first").await, "INTERNAL_ERROR");
     let mut producer = server.client().await;

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::append::spares_needed;
 use super::files::{HEADER, Kind, header, log_path, prepare_spare, snapshot_path, sync_dir};
 use super::record::{encode, encode_end};
-use super::writer::{Buf, Shared, Spare};
+use super::writer::{Buf, Shared, Spare, wait_while};
 use crate::store::memory::journal::Record;
 
 /// How long the keeper waits before trying again after a failure.
@@ -146,19 +146,9 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
             // for a spare and wakes this thread, which would otherwise try
             // the full disk again (and fail a snapshot, and say so) at
             // every change.
-            let until = Instant::now() + RETRY;
-            let mut b = shared.lock();
-            while !b.stopping {
-                let now = Instant::now();
-                if now >= until {
-                    break;
-                }
-                b = shared
-                    .chores
-                    .wait_timeout(b, until - now)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-            }
+            let b = wait_while(&shared.chores, shared.lock(), Instant::now() + RETRY, |b| {
+                !b.stopping
+            });
             if b.stopping {
                 return;
             }

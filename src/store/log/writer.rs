@@ -413,21 +413,33 @@ const LINGER: Duration = Duration::from_millis(50);
 /// released each bring about one record back, and once they have, waiting
 /// longer only adds to everyone's latency.
 fn gather_group(shared: &Shared, most: Duration, last_group: u64) {
-    let until = Instant::now() + most;
     let mut b = shared.lock();
     b.gather_for = last_group.max(1);
-    while b.pending < b.gather_for && !b.stopping {
+    let mut b = wait_while(&shared.wake, b, Instant::now() + most, |b| {
+        b.pending < b.gather_for && !b.stopping
+    });
+    b.gather_for = 0;
+}
+
+/// Waits on `cv` while `waiting` holds, until `until` at the latest;
+/// gives the lock back either way.
+pub(super) fn wait_while<'a>(
+    cv: &Condvar,
+    mut b: MutexGuard<'a, Buf>,
+    until: Instant,
+    waiting: impl Fn(&Buf) -> bool,
+) -> MutexGuard<'a, Buf> {
+    while waiting(&b) {
         let now = Instant::now();
         if now >= until {
             break;
         }
-        b = shared
-            .wake
+        b = cv
             .wait_timeout(b, until - now)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
     }
-    b.gather_for = 0;
+    b
 }
 
 /// How long the next group may gather after a sync of `records` that took
