@@ -434,13 +434,13 @@ fn tag_of(cmd: &Cmd) -> &[u8] {
 /// answers a call it took, and a call that never ends would hold its
 /// batch's place for good (every later operation of that shard, or of the
 /// control slot, would queue behind it).
-async fn bounded<T>(call: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
+pub(super) async fn bounded<T>(call: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
     const MARGIN: Duration = Duration::from_millis(100);
     match tokio::time::timeout(CALL_TIMEOUT + MARGIN, call).await {
         Ok(result) => result,
         Err(_) => Err(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            "the Redis Cluster connection gave no answer in time",
+            "Redis gave no answer in time",
         ))),
     }
 }

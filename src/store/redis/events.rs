@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::conn::{CALL_TIMEOUT, Followed};
+use super::conn::{CALL_TIMEOUT, Followed, bounded};
 use super::shards::{SHARDS, Sharding};
 use crate::names::{Tube, parse_u64};
 use crate::store::StoreEvent;
@@ -43,18 +43,6 @@ const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// connection and two commands, and the primary it names a connection and
 /// a `ROLE` (the redis crate checks the role of the primary it is told of).
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
-
-/// `call`'s result, or a timeout error after [`CALL_TIMEOUT`].
-async fn bounded<T>(call: impl Future<Output = Result<T, RedisError>>) -> Result<T, RedisError> {
-    tokio::time::timeout(CALL_TIMEOUT, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "Redis gave no answer in time",
-            )))
-        })
-}
 
 /// What one message on the channel means: `due:MS`, `schedules:` or a
 /// tube's name (which has no colon).
