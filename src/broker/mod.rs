@@ -436,6 +436,12 @@ impl<S: Store> Broker<S> {
         self.waiters.take(waiter).is_some()
     }
 
+    /// Takes in what other processes sharing the store have announced up
+    /// to now (see [`Store::catch_up`]); true if a look may now find more.
+    pub async fn catch_up(&self) -> bool {
+        self.store.catch_up().await
+    }
+
     /// Whether something has fallen due that the timer has not moved yet.
     pub fn timer_behind(&self) -> bool {
         self.alarm.overdue()

@@ -329,7 +329,11 @@ impl<S: Store> Session<S> {
             // Boxed: rare, and on Redis a timer pass's future is most of a
             // command's (6.7 of 7.7 KB), which every command's future
             // would otherwise carry, and each command copies into its box.
-            if broker.timer_behind() && Box::pin(broker.tick()).await.is_ok() {
+            let moved = broker.timer_behind() && Box::pin(broker.tick()).await.is_ok();
+            // What another process made ready is known here once its news
+            // arrives, which a client that saw its put answered need not
+            // wait for.
+            if moved | broker.catch_up().await {
                 self.reserve_now(&tubes, batch)
                     .await?
                     .unwrap_or(Reply::TimedOut)

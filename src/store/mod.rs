@@ -266,6 +266,15 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Takes in what the other processes sharing the storage have announced
+    /// up to now, so that a look after it sees what they made ready before
+    /// it (`reserve-with-timeout 0`, which must not answer `TIMED_OUT` for a
+    /// job another process has put). True if news may have come in; an
+    /// engine whose looks do not depend on news: false.
+    fn catch_up(&self) -> impl Future<Output = bool> + Send {
+        std::future::ready(false)
+    }
+
     /// How soon the timer must look at the store again, if a reserve that
     /// found nothing was held back by a rate limit: its waiting workers are
     /// served when the limit's second ends. An engine whose timer wakes

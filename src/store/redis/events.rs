@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use redis::cluster::ClusterClient;
-use redis::{PushKind, RedisError, Value};
-use tokio::sync::mpsc;
+use redis::{PushInfo, PushKind, RedisError, Value};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -134,16 +135,28 @@ fn head(payload: &[u8]) -> Option<(u64, Tube, (u64, u64))> {
     Some((at, tube, (pri, key)))
 }
 
+/// Requests to take in the shards' news up to now, each answered once it
+/// has been (see [`listen_shards`]).
+pub(super) type CatchUps = mpsc::UnboundedSender<oneshot::Sender<()>>;
+
 /// Listens to every shard's channel of a cluster until `stop` (sharded
 /// pub/sub: each channel lives on its shard's primary, and the cluster
 /// client subscribes again after reconnections and failovers). A shard's
 /// news also goes into `sharding`: where ready jobs are, when it is due.
 /// After a disconnection every shard's news may have been missed, so the
 /// hints are rebuilt and every shard ticked ([`StoreEvent::Resync`]).
+///
+/// `catch_ups` ask for the news sent up to now: a `PING` goes to every
+/// primary on the connection the news comes by, and since a primary sends
+/// its replies and its news on it in order, once every `PONG` is back the
+/// news sent before them has arrived; it is taken in, then the requests
+/// are answered. Requests that come while a `PING` is out wait for the
+/// next one (their news may have been sent after it).
 pub(super) async fn listen_shards(
     seeds: Vec<String>,
     sharding: Arc<Sharding>,
     tx: mpsc::Sender<StoreEvent>,
+    mut catch_ups: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
     stop: CancellationToken,
 ) {
     let mut connected_before = false;
@@ -169,41 +182,40 @@ pub(super) async fn listen_shards(
             }
             sharding.forget_all();
             let _ = tx.send(StoreEvent::Resync).await;
-            while let Some(msg) = pushed.recv().await {
-                match msg.kind {
-                    PushKind::SMessage => {
-                        let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
-                            (msg.data.first(), msg.data.get(1))
-                        else {
-                            continue;
-                        };
-                        let Some(shard) = channels.iter().position(|c| c.as_bytes() == channel)
-                        else {
-                            continue;
-                        };
-                        if let Some((at, t, first)) = head(payload) {
-                            sharding.head(shard, at, &t, Some(first));
-                            let _ = tx.send(StoreEvent::Ready(t)).await;
-                        } else {
-                            match event(payload) {
-                                Some(StoreEvent::Due(after)) => {
-                                    sharding.due_at(shard, Instant::now() + after);
-                                    let _ = tx.send(StoreEvent::Due(after)).await;
-                                }
-                                Some(StoreEvent::Schedules) => {
-                                    let _ = tx.send(StoreEvent::Schedules).await;
-                                }
-                                _ => {}
+            let mut asked: Vec<oneshot::Sender<()>> = Vec::new();
+            let mut pinged: Vec<oneshot::Sender<()>> = Vec::new();
+            let mut ping: Option<BoxFuture<'static, bool>> = None;
+            loop {
+                tokio::select! {
+                    msg = pushed.recv() => match msg {
+                        Some(msg) => take(msg, &channels, &sharding, &tx).await,
+                        None => break,
+                    },
+                    Some(done) = catch_ups.recv() => asked.push(done),
+                    answered = async { ping.as_mut().expect("a PING is out").await },
+                        if ping.is_some() =>
+                    {
+                        ping = None;
+                        while let Ok(msg) = pushed.try_recv() {
+                            take(msg, &channels, &sharding, &tx).await;
+                        }
+                        // Unanswered (dropped) if a primary did not answer:
+                        // the reserves go on with what is known.
+                        for done in pinged.drain(..) {
+                            if answered {
+                                let _ = done.send(());
                             }
                         }
                     }
-                    PushKind::Disconnection => {
-                        // The client subscribes again by itself; what was
-                        // said meanwhile is lost.
-                        sharding.forget_all();
-                        let _ = tx.send(StoreEvent::Resync).await;
-                    }
-                    _ => {}
+                }
+                if ping.is_none() && !asked.is_empty() {
+                    pinged = std::mem::take(&mut asked);
+                    let mut conn = conn.clone();
+                    ping = Some(Box::pin(async move {
+                        let ping = redis::cmd("PING");
+                        let pong = ping.query_async::<Value>(&mut conn);
+                        matches!(tokio::time::timeout(CALL_TIMEOUT, pong).await, Ok(Ok(_)))
+                    }));
                 }
             }
             drop(conn);
@@ -221,6 +233,49 @@ pub(super) async fn listen_shards(
             () = tokio::time::sleep(RECONNECT_DELAY) => {}
             () = stop.cancelled() => return,
         }
+    }
+}
+
+/// Takes in one message of the shards' channels.
+async fn take(
+    msg: PushInfo,
+    channels: &[String],
+    sharding: &Sharding,
+    tx: &mpsc::Sender<StoreEvent>,
+) {
+    match msg.kind {
+        PushKind::SMessage => {
+            let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
+                (msg.data.first(), msg.data.get(1))
+            else {
+                return;
+            };
+            let Some(shard) = channels.iter().position(|c| c.as_bytes() == channel) else {
+                return;
+            };
+            if let Some((at, t, first)) = head(payload) {
+                sharding.head(shard, at, &t, Some(first));
+                let _ = tx.send(StoreEvent::Ready(t)).await;
+            } else {
+                match event(payload) {
+                    Some(StoreEvent::Due(after)) => {
+                        sharding.due_at(shard, Instant::now() + after);
+                        let _ = tx.send(StoreEvent::Due(after)).await;
+                    }
+                    Some(StoreEvent::Schedules) => {
+                        let _ = tx.send(StoreEvent::Schedules).await;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        PushKind::Disconnection => {
+            // The client subscribes again by itself; what was said
+            // meanwhile is lost.
+            sharding.forget_all();
+            let _ = tx.send(StoreEvent::Resync).await;
+        }
+        _ => {}
     }
 }
 

@@ -77,6 +77,9 @@ const HEARTBEAT: Duration = Duration::from_millis(500);
 /// How often a cluster's slot map is asked for, to choose the shards of new
 /// jobs among the primaries (a slot moves rarely: a failover moves none).
 const SLOT_MAP_EVERY: Duration = Duration::from_secs(10);
+/// The longest a `reserve-with-timeout 0` waits to take in the other
+/// processes' news before it answers with what it knows.
+const CATCH_UP_LIMIT: Duration = Duration::from_millis(500);
 
 /// A duration as the functions take it, in whole milliseconds.
 fn millis(d: Duration) -> u64 {
@@ -127,6 +130,10 @@ pub struct RedisStore {
     /// Changes of the tubes' use and watch counts, gathered.
     refs: Refs,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
+    /// On a cluster, asks the announcements' listener to take in what the
+    /// shards said up to now, and answers once it has
+    /// ([`events::listen_shards`]).
+    catch_up: Option<events::CatchUps>,
     /// Stops the event listener when the store is dropped.
     _listener: DropGuard,
 }
@@ -172,6 +179,7 @@ impl RedisStore {
             "{:016x}",
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
         );
+        let mut catching_up = None;
         let (conn, sharding) = match &target {
             Target::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(fail)?;
@@ -201,12 +209,15 @@ impl RedisStore {
                     options.spread,
                     options.whole_tubes.clone(),
                 ));
+                let (catch_up, catch_ups) = mpsc::unbounded_channel();
                 tokio::spawn(events::listen_shards(
                     seeds.clone(),
                     sharding.clone(),
                     tx,
+                    catch_ups,
                     stop.clone(),
                 ));
+                catching_up = Some(catch_up);
                 (conn, Some(sharding))
             }
         };
@@ -262,6 +273,7 @@ impl RedisStore {
             scanning: AtomicBool::new(false),
             refs,
             events: Mutex::new(Some(rx)),
+            catch_up: catching_up,
             _listener: stop.drop_guard(),
         };
         // Counted among the live processes before any connection attaches
@@ -1197,6 +1209,22 @@ impl Store for RedisStore {
 
     fn events(&self) -> Option<mpsc::Receiver<StoreEvent>> {
         self.events.lock().ok()?.take()
+    }
+
+    async fn catch_up(&self) -> bool {
+        let Some(ask) = &self.catch_up else {
+            return false;
+        };
+        let (done, caught) = oneshot::channel();
+        if ask.send(done).is_err() {
+            return false;
+        }
+        // A primary that does not answer at once is in trouble; the
+        // reserve then answers with what this process knows.
+        matches!(
+            tokio::time::timeout(CATCH_UP_LIMIT, caught).await,
+            Ok(Ok(()))
+        )
     }
 
     fn max_sleep(&self) -> Option<Duration> {
