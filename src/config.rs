@@ -152,7 +152,8 @@ pub struct Flags {
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub redis_wait_timeout: u64,
     /// On a Redis Cluster, keep this tube's jobs on one shard, so its order
-    /// and priorities hold across all its jobs (repeatable).
+    /// and priorities hold across them (repeatable; a job with a
+    /// client-chosen id lives in its id's shard).
     #[arg(long, value_name = "TUBE", requires = "redis_cluster")]
     pub one_shard_tube: Vec<String>,
     /// Prefix of every Redis key delayq uses (it becomes the keys' hash tag).
