@@ -297,11 +297,19 @@ impl<S: Store> Broker<S> {
     }
 
     /// Returns a departed connection's reservations and hands them on.
-    pub async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<()> {
+    pub async fn release_all(&self, conn: ConnId, held: &[JobId], failed: bool) -> StoreResult<()> {
         let tubes = self
-            .call(StoreOp::ReleaseAll, self.store.release_all(conn, held))
+            .call(
+                StoreOp::ReleaseAll,
+                self.store.release_all(conn, held, failed),
+            )
             .await?;
         self.serve(&tubes, true).await;
+        if failed {
+            // Some may have been delayed by their backoff: the timer learns
+            // when they are due at its next tick, which comes now.
+            self.alarm.schedule(Duration::ZERO);
+        }
         Ok(())
     }
 

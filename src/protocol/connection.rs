@@ -95,7 +95,9 @@ async fn serve_held<S: Store, T: Transport>(
     }
     // Nothing answers what closing changes: let it wait as usual.
     held::pipelining(false);
-    Box::pin(session.close()).await;
+    // A worker that left holding jobs failed them; a server that stops
+    // lets go of them for its own reasons.
+    Box::pin(session.close(!shutdown.is_cancelled())).await;
     debug!(conn, ?peer, "connection closed");
     wire.into_inner()
 }

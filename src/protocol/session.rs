@@ -209,16 +209,17 @@ impl<S: Store> Session<S> {
         &self.shared.broker
     }
 
-    /// Ends the session: its reservations go back to ready at once, its tubes
-    /// are let go. A request's session has nothing to end.
-    pub async fn close(self) {
+    /// Ends the session: its reservations go back to ready at once (or, with
+    /// `failed`, as their worker's failure: see [`Store::release_all`]), its
+    /// tubes are let go. A request's session has nothing to end.
+    pub async fn close(self, failed: bool) {
         if !self.connection {
             return;
         }
         let broker = &self.shared.broker;
         let conn = self.id;
         let held: Vec<JobId> = self.deadlines.keys().cloned().collect();
-        let mut result = broker.release_all(conn, &held).await;
+        let mut result = broker.release_all(conn, &held, failed).await;
         result = result.and(broker.detach(&self.used, TubeRef::Using).await);
         for tube in &self.watched {
             result = result.and(broker.detach(tube, TubeRef::Watching).await);
@@ -530,7 +531,7 @@ impl<S: Store> Drop for Blocked<S> {
         let id = got.got.job.id;
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(e) = shared.broker.release_all(conn, &[id]).await {
+                if let Err(e) = shared.broker.release_all(conn, &[id], false).await {
                     // Left to its TTR.
                     error!(conn, error = %e, "cannot give back a job handed to a reserve that was dropped");
                 }
@@ -702,7 +703,7 @@ mod tests {
             timeout: Some(0),
             tube: None,
         });
-        session.close().await;
+        session.close(true).await;
         assert_eq!(shared.stats.connections_now(), [0; 4]);
         assert_eq!(waiting(&shared).await, 0);
     }

@@ -239,11 +239,17 @@ pub trait Store: Send + Sync + 'static {
     /// Returns every job `conn` has reserved to ready (it disconnected).
     /// `held` lists the jobs the connection believes it holds: an engine that
     /// does not index jobs by holder returns those it still holds (the others
-    /// timed out). Returns the tubes that got jobs back.
+    /// timed out). `failed`: the worker let go of them unfinished (its
+    /// connection closed), which counts as a try, as a TTR that runs out
+    /// does: a job with `tries` or a backoff is buried once its tries are
+    /// used up, else delayed by its backoff (a job without either is ready
+    /// at once, as on beanstalkd). Not when the server is stopping.
+    /// Returns the tubes that got jobs back ready.
     fn release_all(
         &self,
         conn: ConnId,
         held: &[JobId],
+        failed: bool,
     ) -> impl Future<Output = StoreResult<Vec<Tube>>> + Send;
 
     /// Moves what has fallen due: delayed jobs to ready, reserved jobs past

@@ -21,6 +21,7 @@ backend_tests!(
     bad_options_are_refused_and_the_body_is_consumed,
     json_add_takes_the_options,
     jitter_shortens_the_backoff,
+    a_worker_that_closes_holding_a_job_uses_a_try,
 );
 
 /// The keys a job with options has after beanstalkd's (`buried-because`
@@ -644,4 +645,52 @@ async fn jitter_shortens_the_backoff(backend: Backend) {
         max - min >= Duration::from_millis(100),
         "jobs that timed out together came back together: {totals:?}"
     );
+}
+
+/// A worker whose connection closes while it holds a job (its process
+/// crashed, say) failed it, as one whose TTR ran out: with `tries` and a
+/// backoff the job waits its backoff, then is buried once its tries are
+/// used up, so a job that crashes its worker ends a dead letter instead of
+/// coming back at once for ever. A job without options is ready again at
+/// once, as on beanstalkd.
+async fn a_worker_that_closes_holding_a_job_uses_a_try(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut c = server.client().await;
+    let plain = c.put_ok(0, 0, 60, b"plain").await;
+    let id = put_opts(&mut c, "0 0 60", b"poison", "tries=2 backoff=1s").await;
+    // The first worker takes both and dies.
+    let mut worker = server.client().await;
+    assert_eq!(
+        worker.reserved("reserve-with-timeout 0").await.id,
+        plain.to_string()
+    );
+    assert_eq!(
+        worker.reserved("reserve-with-timeout 0").await.id,
+        id.to_string()
+    );
+    drop(worker);
+    let s = c
+        .poll_yaml(&format!("stats-job {plain}"), |y| {
+            y.get("state") != "reserved"
+        })
+        .await;
+    assert_eq!(
+        s.get("state"),
+        "ready",
+        "without options, ready at once: {s:?}"
+    );
+    let s = wait_leaves(&mut c, id, "reserved").await;
+    assert_eq!(s.get("state"), "delayed", "its backoff first: {s:?}");
+    assert_eq!((s.num("tries"), s.num("timeouts")), (1, 0), "{s:?}");
+    assert_eq!(c.cmd(&format!("delete {plain}")).await, "DELETED");
+    // Ready once its backoff is over; the second worker dies as well.
+    let mut worker = server.client().await;
+    let job = worker.reserved("reserve-with-timeout 5").await;
+    assert_eq!(job.id, id.to_string());
+    assert_eq!(worker.stats_job(id).await.num("tries"), 2);
+    drop(worker);
+    let s = wait_leaves(&mut c, id, "reserved").await;
+    assert_eq!(s.get("state"), "buried", "its tries used up: {s:?}");
+    assert_eq!(s.get("buried-because"), "tries");
+    assert_eq!(c.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
 }

@@ -205,7 +205,7 @@ async fn every_way_a_job_becomes_ready_serves_the_waiting(env: Env<impl Store>) 
     assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&held));
     let (_, mut rx) = env.broker.wait(2, on(&["a"]), None).await;
     env.broker
-        .release_all(1, std::slice::from_ref(&held))
+        .release_all(1, std::slice::from_ref(&held), true)
         .await
         .unwrap();
     assert_eq!(handed(&mut rx), held, "release-all");
@@ -253,7 +253,7 @@ async fn release_all_returns_only_the_connections_own_jobs(env: Env<impl Store>)
         theirs.clone(),
         ready.clone(),
     ];
-    env.broker.release_all(1, &held).await.unwrap();
+    env.broker.release_all(1, &held, true).await.unwrap();
     // Back as if never taken from the queue: no release is counted.
     env.check_job(&mine_a, JobState::Ready, PRI, RESERVED_ONCE)
         .await;
@@ -303,7 +303,10 @@ async fn a_tube_known_empty_spares_the_look_and_still_serves_the_waiting(env: En
 
     let (spared, mut fourth) = env.block(4, "a").await;
     assert!(spared);
-    (env.broker.release_all(2, std::slice::from_ref(&put)).await).unwrap();
+    (env.broker
+        .release_all(2, std::slice::from_ref(&put), true)
+        .await)
+        .unwrap();
     assert_eq!(handed(&mut third), put, "release-all");
 
     let second = Duration::from_secs(1);

@@ -199,7 +199,7 @@ async fn a_reserved_job_past_its_ttl_stays_until_its_worker_lets_go(env: Env<imp
     check_expired(&env, "a", 3, 3).await;
     // Its connection closed: gone, counted.
     env.broker
-        .release_all(1, std::slice::from_ref(&ids[3]))
+        .release_all(1, std::slice::from_ref(&ids[3]), true)
         .await
         .unwrap();
     assert!(

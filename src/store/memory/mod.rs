@@ -296,9 +296,14 @@ impl<L: Log> Store for MemoryStore<L> {
         self.read(|st, _| st.schedules())
     }
 
-    async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
+    async fn release_all(
+        &self,
+        conn: ConnId,
+        held: &[JobId],
+        failed: bool,
+    ) -> StoreResult<Vec<Tube>> {
         self.change(AtOnce, |st, now, log| {
-            Ok(st.release_all(conn, held, now, log))
+            Ok(st.release_all(conn, held, failed, now, log))
         })
         .await
     }

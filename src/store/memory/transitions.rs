@@ -591,14 +591,26 @@ impl State {
         &mut self,
         conn: ConnId,
         held: &[JobId],
+        failed: bool,
         now: Micros,
         log: &mut impl Journal,
     ) -> Vec<Tube> {
         let mut ready = Vec::new();
         for id in held {
-            if let Some(slot) = self.held_by(conn, id)
-                && !self.gone_if_expired(slot, now, log)
-            {
+            let Some(slot) = self.held_by(conn, id) else {
+                continue;
+            };
+            if self.gone_if_expired(slot, now, log) {
+                continue;
+            }
+            let options = self.jobs[slot].options();
+            if failed && (options.tries.is_some() || options.backoff.is_some()) {
+                // A worker that died holding the job failed it, as one
+                // whose TTR ran out: else a job that crashes its worker
+                // would come back at once for ever, never a dead letter.
+                self.time_out(slot, now, &mut ready);
+                log.note(Record::Meta(self.jobs[slot].meta()));
+            } else {
                 self.make_ready(slot, &mut ready);
             }
         }

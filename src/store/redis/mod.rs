@@ -1160,10 +1160,16 @@ impl Store for RedisStore {
         Ok(got.into_iter().map(Bytes::from).collect())
     }
 
-    async fn release_all(&self, conn: ConnId, held: &[JobId]) -> StoreResult<Vec<Tube>> {
+    async fn release_all(
+        &self,
+        conn: ConnId,
+        held: &[JobId],
+        failed: bool,
+    ) -> StoreResult<Vec<Tube>> {
         let mut tubes = Vec::new();
         for (shard, ids) in self.ids_by_shard(held) {
-            let args = vec![Arg::Owner(conn), Arg::Text(ids)];
+            let failed = Arg::Static(if failed { "1" } else { "" });
+            let args = vec![Arg::Owner(conn), Arg::Text(ids), failed];
             let got = self.op_on(shard, Kind::Moves, "release_all", args).await?;
             let got: Vec<String> = parse(got)?;
             for t in got {
