@@ -29,6 +29,7 @@ backend_tests!(
     pipelined_imports_are_answered_in_order,
     tube_settings_and_schedules_move_too,
     bad_schedule_lines_are_refused_and_schedules_go_on,
+    a_jobs_creation_time_survives_moves_to_the_millisecond,
 );
 
 /// A tube no other test of the run uses.
@@ -578,4 +579,25 @@ async fn bad_schedule_lines_are_refused_and_schedules_go_on(b: Backend) {
     assert_eq!(job.body, b"body");
     assert!(c.schedules().await.join("\n").contains(&name));
     assert_eq!(c.cmd(&format!("unschedule {name}")).await, "UNSCHEDULED");
+}
+
+/// A job's `created` comes out of an export as it went into the import,
+/// to the millisecond, move after move (on Redis it was counted from the
+/// job's age, and each move made the job a millisecond younger).
+async fn a_jobs_creation_time_survives_moves_to_the_millisecond(b: Backend) {
+    const CREATED: &str = "2026-01-01T00:00:00.123Z";
+    let server = TestServer::start(b).await;
+    let mut c = server.client().await;
+    for round in 0..5 {
+        let tube = fresh_tube("created");
+        let line = format!(
+            r#"{{"id":"{tube}:job","tube":"{tube}","state":"ready","pri":1,"created":"{CREATED}","ttr-ms":1000,"body":"x"}}"#
+        );
+        assert_eq!(import_all(&mut c, &[line]).await, [format!("{tube}:job")]);
+        let out = export_tube(&mut c, &tube, 10).await;
+        assert_eq!(out.len(), 1, "{out:?}");
+        let job: Value = serde_json::from_str(&out[0]).expect("a JSON line");
+        assert_eq!(job["created"], CREATED, "round {round}: {}", out[0]);
+        assert_eq!(c.cmd(&format!("delete {tube}:job")).await, "DELETED");
+    }
 }

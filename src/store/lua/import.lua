@@ -2,7 +2,7 @@
 -- Args: tube, client id ('' for a server id), key, mode, pri, delay ms,
 -- ttr ms, body, options ('' for none: a job's options were fixed at its
 -- put, so the tube's settings do not fill them in), state, time left ms,
--- age ms, burial order, reserves, timeouts, releases, buries, kicks,
+-- when it was put (ms since the epoch), burial order, reserves, timeouts, releases, buries, kicks,
 -- tries, dead (1 or 0).
 -- `key`: for a server id, the id's key in hex; for a client id on a
 -- cluster, the key the caller took for it (on one Redis the key comes from
@@ -12,9 +12,9 @@
 -- Returns the job's id; 0 if its client id is taken or the same job is
 -- here already (same tube and body, put within a second of each other);
 -- -1 if the key may not be kept (the caller puts the job under a new key).
-OPS.import = function(tube, name, key, mode, pri, delay, ttr, body, options, state, left, age, order, reserves,
+OPS.import = function(tube, name, key, mode, pri, delay, ttr, body, options, state, left, created, order, reserves,
                       timeouts, releases, buries, kicks, tries, dead)
-  local created = now_ms() - tonumber(age)
+  created = tonumber(created)
   local held
   if name ~= '' then
     if name_taken(name) then return 0 end

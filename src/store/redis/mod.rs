@@ -86,6 +86,17 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The wall-clock time `age` ago, in ms since the epoch, to the nearest
+/// (an export's times are whole milliseconds).
+fn put_at_ms(age: Duration) -> u64 {
+    std::time::SystemTime::now()
+        .checked_sub(age)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| {
+            u64::try_from((d.as_micros() + 500) / 1000).unwrap_or(u64::MAX)
+        })
+}
+
 /// How a Redis deployment is used beyond where it is.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -1394,7 +1405,10 @@ impl RedisStore {
             Arg::Text(decode::encode_options(&job.options)),
             Arg::Static(state.name()),
             Arg::Int(millis(job.time_left)),
-            Arg::Int(millis(job.age)),
+            // When it was put, whole: counted from its age in Redis, the
+            // job came out a millisecond younger at each move (the time
+            // from here to Redis, and the age's truncation to ms).
+            Arg::Int(put_at_ms(job.age)),
             Arg::Int(job.bury_order),
             Arg::Int(c.reserves.into()),
             Arg::Int(c.timeouts.into()),
