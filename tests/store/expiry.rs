@@ -34,6 +34,7 @@ store_tests!(
     a_job_before_its_ttl_is_kept,
     a_tubes_ttl_is_given_to_the_jobs_put_without_one,
     tick_says_when_the_next_expiry_is_due,
+    tick_comes_back_for_the_ids_of_ended_unique_windows,
 );
 
 /// Only a time to live.
@@ -406,5 +407,41 @@ async fn tick_says_when_the_next_expiry_is_due(env: Env<impl Store>) {
         env.assert_next_due(next, TTR - 2 * SECOND, "tick: the TTR of the held job");
         assert!(env.broker.delete(1, &id).await.unwrap());
         assert_eq!(env.broker.tick().await.unwrap(), None, "nothing due");
+    }
+}
+
+/// A deleted job's client id stays taken for its unique window; the tick
+/// says when to come back to free it (within a second of the window's
+/// end), so that ids whose windows ended do not pile up while nothing else
+/// is due (on the embedded engines the timer never came back for them).
+async fn tick_comes_back_for_the_ids_of_ended_unique_windows(env: Env<impl Store>) {
+    let unique = Lifecycle {
+        unique: Some(SECOND),
+        ..Lifecycle::default()
+    };
+    let id = env.put(job("u").id("once:1").life(unique)).await;
+    assert!(env.broker.delete(1, &id).await.expect("delete"), "deleted");
+    // On a cluster the shard's news of it comes by its announcement.
+    let mut next = None;
+    for _ in 0..20 {
+        next = env.broker.tick().await.unwrap();
+        if next.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let next = next.expect("the tick comes back at the window's end");
+    assert!(
+        next <= 2 * SECOND + Duration::from_millis(5),
+        "tick: next due {next:?}, the window ends in 1 s"
+    );
+    if manual(&env) {
+        env.assert_next_due(next, 2 * SECOND, "tick: the window's end and a second");
+        pass(&env, 2 * SECOND).await;
+        assert_eq!(
+            env.broker.tick().await.unwrap(),
+            None,
+            "the id freed, nothing is due"
+        );
     }
 }

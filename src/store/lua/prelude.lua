@@ -36,6 +36,10 @@ local ALIVE_MS = 3000
 -- How long a shard of a cluster keeps the counts of a tube it no longer
 -- holds jobs of, in ms.
 local COUNTS_KEPT_MS = 86400000
+-- How long after a unique window ends its client id may stay in `taken`:
+-- the timer frees the ids whose windows ended together, once a second at
+-- most (a put checks the window's end itself, so only memory waits).
+local TAKEN_SLACK_MS = 1000
 
 -- The key prefix of the current call.
 local P
@@ -619,7 +623,11 @@ local function drop(key, job)
     local window = tonumber(split_options(job[OPTIONS])[7])
     if window ~= nil and job[NAME] ~= '' then
       -- Its unique window: the client id stays taken until it ends.
-      redis.call('ZADD', P .. 'taken', from_now(window), job[NAME])
+      local ends = from_now(window)
+      redis.call('ZADD', P .. 'taken', ends, job[NAME])
+      -- A shard is ticked only when something in it falls due: this does,
+      -- to free the id.
+      if SHARDED then wake_by(ends + TAKEN_SLACK_MS) end
     end
   end
   maybe_unused(job[TUBE])

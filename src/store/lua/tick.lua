@@ -141,6 +141,8 @@ OPS.tick = function(batch, process)
   -- window's end itself, so this only keeps the set small).
   local freed = redis.call('ZRANGEBYSCORE', P .. 'taken', '-inf', now, 'LIMIT', 0, budget)
   if #freed > 0 then redis.call('ZREM', P .. 'taken', unpack(freed)) end
+  budget = budget - #freed
+  if budget <= 0 then return ticked(0) end
 
   -- Tubes whose rate held reserves back: a new second has begun.
   for _, tube in ipairs(redis.call('ZRANGEBYSCORE', P .. 'limited', '-inf', now)) do
@@ -157,10 +159,12 @@ OPS.tick = function(batch, process)
   end
 
   local next_at = -1
-  for _, index in ipairs({ 'due', 'reserved', 'pauses', 'expiries', 'limited' }) do
+  for _, index in ipairs({ 'due', 'reserved', 'pauses', 'expiries', 'limited', 'taken' }) do
     local first = redis.call('ZRANGE', P .. index, 0, 0, 'WITHSCORES')
     if first[2] then
       local at = tonumber(first[2])
+      -- Ended windows are freed together, once a second at most.
+      if index == 'taken' then at = at + TAKEN_SLACK_MS end
       if next_at < 0 or at < next_at then next_at = at end
     end
   end

@@ -24,6 +24,12 @@ use crate::store::{ConnId, Tick, TubeRef};
 /// Most due items one tick moves, so one pass never holds the lock for long.
 const TICK_BATCH: usize = 10_000;
 
+/// How long after a unique window ends its client id may stay in memory:
+/// the timer frees the ids whose windows ended together, once a second at
+/// most, rather than waking at each one's end (a put checks the window's
+/// end itself, so only memory waits).
+const TAKEN_SLACK: Micros = 1_000_000;
+
 /// The state a job put or released with `delay` at `now` goes into.
 fn ready_or_delayed(delay: Micros, now: Micros) -> St {
     if delay > 0 {
@@ -827,6 +833,9 @@ impl State {
             self.pauses.first().map(|d| d.0),
             self.expiries.first().map(|d| d.0),
             self.limited.first().map(|d| d.0),
+            self.taken_until
+                .first()
+                .map(|d| d.0.saturating_add(TAKEN_SLACK)),
         ]
         .into_iter()
         .flatten()
