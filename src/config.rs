@@ -91,7 +91,8 @@ pub struct Flags {
     pub max_job_size: usize,
     /// Keep the jobs in this directory (created if missing): in memory, and
     /// in a write-ahead log there, so a restart or a crash loses nothing
-    /// acknowledged. One delayq process per directory.
+    /// acknowledged. One delayq process per directory. Default, unless
+    /// another engine is chosen: `delayq-data` in the working directory.
     #[arg(short = 'b', long = "data-dir", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Answer a change once its record is written, and sync at most every MS
