@@ -16,10 +16,15 @@
 //! When the disk is full, preparing a spare fails: puts are refused (the
 //! writer finds no room), the keeper says so once a second, and tries again
 //! until it succeeds, so puts come back by themselves once there is room.
+//!
+//! A disk that the log itself filled has room only in the log files the
+//! next snapshot would free, and a snapshot needs room first. So a file is
+//! kept prepared for it (`snapshot-room`, its blocks allocated, taken before
+//! any spare): a snapshot that fits is written into it, and the room is
+//! prepared again once the snapshot has freed the old files.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
@@ -36,6 +41,11 @@ use crate::store::memory::journal::Record;
 const RETRY: Duration = Duration::from_secs(1);
 /// Jobs read per lock of the state while taking a snapshot.
 const DUMP_BATCH: usize = 256;
+/// The file kept prepared for a snapshot (see the module's doc).
+const ROOM: &str = "snapshot-room";
+/// Its size at most: a snapshot of the few jobs left once a full disk's
+/// jobs are deleted fits (about 3,000 jobs of 100 bytes).
+const ROOM_SIZE: u64 = 512 << 10;
 
 /// The engine's state, as the keeper reads it for a snapshot.
 pub trait Source: Send + Sync + 'static {
@@ -55,6 +65,8 @@ struct Keeper {
     next_spare: u64,
     /// When it last said that it cannot prepare a spare.
     complained: Option<Instant>,
+    /// The room kept for a snapshot, if it is prepared.
+    room: Option<File>,
 }
 
 impl Keeper {
@@ -69,6 +81,20 @@ impl Keeper {
     /// frees room).
     fn spare_to_prepare(b: &Buf, file_size: u64) -> bool {
         Keeper::spare_wanted(b, file_size) && !b.short_of_disk
+    }
+
+    /// The size of the room kept for a snapshot.
+    fn room_size(shared: &Shared) -> u64 {
+        shared.file_size.min(ROOM_SIZE)
+    }
+
+    /// Prepares the room kept for a snapshot if it is not; quietly, as a
+    /// full disk is said by the spares.
+    fn keep_room(&mut self, shared: &Shared) {
+        if self.room.is_none() {
+            let path = shared.dir.join(ROOM);
+            self.room = prepare_spare(&path, Keeper::room_size(shared)).ok();
+        }
     }
 
     /// Prepares a spare; false if it could not (the disk is full, or
@@ -112,9 +138,20 @@ impl Keeper {
 
 /// Runs the keeper until the log stops.
 pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
+    // A room left by the last run is kept as it is.
+    let room = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(shared.dir.join(ROOM))
+        .ok()
+        .filter(|f| {
+            f.metadata()
+                .is_ok_and(|m| m.len() >= Keeper::room_size(&shared))
+        });
     let mut keeper = Keeper {
         next_spare,
         complained: None,
+        room,
     };
     loop {
         let (want_spare, want_snapshot) = {
@@ -133,6 +170,9 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
                     .unwrap_or_else(PoisonError::into_inner);
             }
         };
+        // Before any spare: on a disk short of room, the snapshot's room
+        // is what lets a snapshot free the rest.
+        keeper.keep_room(&shared);
         let mut failed = want_spare && !keeper.prepare(&shared);
         if want_snapshot {
             shared.lock().compact = false;
@@ -165,11 +205,26 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
     });
     let (start, appended_at_start) = start;
     let tmp = shared.dir.join("snapshot.tmp");
+    // Into the room kept for it, if the live jobs fit with a margin (a
+    // snapshot's records are about as large as their put records): its
+    // blocks are allocated, so a full disk does not stop it. Else into a
+    // new file, and the room stays for a later one.
+    let fits = shared.lock().live_bytes + (64 << 10) <= Keeper::room_size(shared);
+    let file = match keeper.room.take() {
+        Some(room) if fits => {
+            fs::rename(shared.dir.join(ROOM), &tmp)?;
+            room
+        }
+        room => {
+            keeper.room = room;
+            File::create(&tmp)?
+        }
+    };
     // A snapshot of many jobs takes a while, and the puts meanwhile may
     // use up the prepared room: spares are prepared between its batches
     // (and while it syncs), so that they are not refused for want of one
     // while the disk has room.
-    let written = write_snapshot(&tmp, start, source, &mut || {
+    let written = write_snapshot(file, start, source, &mut || {
         let wanted = Keeper::spare_to_prepare(&shared.lock(), shared.file_size);
         if wanted {
             keeper.prepare(shared);
@@ -249,6 +304,7 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
         }
     }
     sync_dir(&shared.dir)?;
+    keeper.keep_room(shared);
     for path in recycled {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         shared.lock().spares.push_back(Spare { path, file });
@@ -295,16 +351,15 @@ fn sync_preparing(shared: &Shared, keeper: &mut Keeper, file: &File) -> io::Resu
     })
 }
 
-/// Writes every job and what follows them to `path`, not yet synced;
+/// Writes every job and what follows them into `file`, not yet synced;
 /// returns the file, and how many records and bytes it holds. `between`
 /// runs after each batch.
 fn write_snapshot(
-    path: &PathBuf,
+    file: File,
     start: u64,
     source: &dyn Source,
     between: &mut dyn FnMut(),
 ) -> io::Result<(File, (u64, u64))> {
-    let file = File::create(path)?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     out.write_all(&header(Kind::Snapshot, start, 0))?;
     let mut bytes = HEADER;
@@ -330,5 +385,7 @@ fn write_snapshot(
     out.write_all(&scratch)?;
     bytes += scratch.len() as u64;
     let file = out.into_inner().map_err(|e| e.into_error())?;
+    // A snapshot written into the room ends where its records do.
+    file.set_len(bytes)?;
     Ok((file, (count, bytes)))
 }
