@@ -124,6 +124,11 @@ pub struct WholeJob {
     pub pri: u32,
     /// Time since it was put.
     pub age: Duration,
+    /// When it was put, by the wall clock, where that is what the engine
+    /// keeps (Redis) or what it came as (an import line): exact to its
+    /// millisecond, where `age` is counted from a moment that passes while
+    /// the job travels (a job moved again and again would grow younger).
+    pub put_at: Option<std::time::SystemTime>,
     /// The delay it was last given.
     pub delay: Duration,
     /// For a delayed job, time until it is ready.

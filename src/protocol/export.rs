@@ -112,7 +112,11 @@ pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut Vec<u8>) {
     obj.insert("tube".into(), json!(job.tube.as_str()));
     obj.insert("state".into(), json!(job.state.name()));
     obj.insert("pri".into(), json!(job.pri));
-    obj.insert("created".into(), json!(wall(now, job.age, false)));
+    let created = match job.put_at {
+        Some(at) => wall(at, Duration::ZERO, false),
+        None => wall(now, job.age, false),
+    };
+    obj.insert("created".into(), json!(created));
     obj.insert("delay-ms".into(), json!(job.delay.as_millis() as u64));
     obj.insert("ttr-ms".into(), json!(job.ttr.as_millis() as u64));
     match job.state {
@@ -312,6 +316,7 @@ pub fn read_line(
         state,
         pri: small("pri")?,
         age: now.duration_since(created).unwrap_or_default(),
+        put_at: Some(created),
         delay: span("delay-ms")?,
         time_left,
         bury_order: count("bury-order")?,
@@ -345,6 +350,7 @@ mod tests {
             state: JobState::Delayed,
             pri: 7,
             age: Duration::from_secs(90),
+            put_at: None,
             delay: Duration::from_secs(120),
             time_left: Duration::from_secs(30),
             bury_order: 0,
@@ -382,7 +388,21 @@ mod tests {
             let mut line = Vec::new();
             write_line(&job, now, &mut line);
             assert_eq!(line.last(), Some(&b'\n'));
-            assert_eq!(read_line(&line, now, 1 << 16), Ok(job));
+            // A line read back knows when the job was put, to the ms.
+            let put_at = now - job.age;
+            assert_eq!(
+                read_line(&line, now, 1 << 16),
+                Ok(WholeJob {
+                    put_at: Some(put_at),
+                    ..job.clone()
+                })
+            );
+            // And writes that time again, whatever the clock says now.
+            let back = read_line(&line, now, 1 << 16).unwrap();
+            let mut again = Vec::new();
+            write_line(&back, now + Duration::from_millis(1500), &mut again);
+            let created = |l: &[u8]| serde_json::from_slice::<Value>(l).unwrap()["created"].clone();
+            assert_eq!(created(&again), created(&line));
         }
     }
 

@@ -1,7 +1,8 @@
 -- export: whole jobs, a page at a time, by HSCAN of the job hash (a job
 -- that lives through a whole scan is in at least one page).
 -- Args: cursor, count
--- Returns {next cursor, {id, tube, state, pri, age, delay, ttr, time left,
+-- Returns {next cursor, {id, tube, state, pri, when it was put (ms since
+--          the epoch), delay, ttr, time left,
 --          burial order, reserves, timeouts, releases, buries, kicks,
 --          options, tries, dead, body}...} (times in ms; options '' for
 --          none).
@@ -20,7 +21,7 @@ OPS.export = function(cursor, n)
     end
     local tries, dead = 0, 0
     if job[OPTIONS] then tries, dead = tries_of(job), job[DEAD] end
-    out[#out + 1] = { id_of(key, job), job[TUBE], state, job[PRI], math.max(now - job[CREATED], 0), job[DELAY],
+    out[#out + 1] = { id_of(key, job), job[TUBE], state, job[PRI], job[CREATED], job[DELAY],
       job[TTR], left, order, job[RESERVES], job[TIMEOUTS], job[RELEASES], job[BURIES], job[KICKS],
       job[OPTIONS] or '', tries, dead, job[BODY] }
   end

@@ -45,6 +45,7 @@ impl State {
                     state,
                     pri: job.pri,
                     age: span(now.saturating_sub(job.created)),
+                    put_at: None,
                     delay: span(job.delay),
                     time_left: span(time_left),
                     bury_order,

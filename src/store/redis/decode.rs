@@ -1,7 +1,7 @@
 //! Turning what the library's functions return into the domain's types, and
 //! Redis's errors into the store's.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use redis::{FromRedisValue, RedisError, Value};
@@ -210,7 +210,8 @@ pub(super) fn job_stats(mut v: Vec<Value>) -> StoreResult<JobStats> {
     })
 }
 
-/// One job of `export`'s reply: `{id, tube, state, pri, age, delay, ttr,
+/// One job of `export`'s reply: `{id, tube, state, pri, when it was put
+/// (ms since the epoch), delay, ttr,
 /// time left, burial order, reserves, timeouts, releases, buries, kicks,
 /// options, tries, dead, body}` (times in ms).
 pub(super) fn whole_job(v: Value) -> StoreResult<WholeJob> {
@@ -222,7 +223,7 @@ pub(super) fn whole_job(v: Value) -> StoreResult<WholeJob> {
         t,
         state,
         pri,
-        age,
+        put_at,
         delay,
         ttr,
         left,
@@ -237,6 +238,7 @@ pub(super) fn whole_job(v: Value) -> StoreResult<WholeJob> {
         dead,
         body,
     ] = <[Value; 18]>::try_from(v).map_err(|_| corrupt("an exported job"))?;
+    let put_at = SystemTime::UNIX_EPOCH + ms(put_at)?;
     let Value::BulkString(body) = body else {
         return Err(corrupt("an exported job's body"));
     };
@@ -245,7 +247,8 @@ pub(super) fn whole_job(v: Value) -> StoreResult<WholeJob> {
         tube: tube(&parse::<String>(t)?)?,
         state: job_state(state)?,
         pri: parse(pri)?,
-        age: ms(age)?,
+        age: SystemTime::now().duration_since(put_at).unwrap_or_default(),
+        put_at: Some(put_at),
         delay: ms(delay)?,
         time_left: ms(left)?,
         bury_order: parse(order)?,

@@ -86,11 +86,12 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The wall-clock time `age` ago, in ms since the epoch, to the nearest
-/// (an export's times are whole milliseconds).
-fn put_at_ms(age: Duration) -> u64 {
-    std::time::SystemTime::now()
-        .checked_sub(age)
+/// When a job was put, in ms since the epoch: `put_at` if known, else the
+/// wall-clock time `age` ago, to the nearest (an export's times are whole
+/// milliseconds).
+fn put_at_ms(put_at: Option<std::time::SystemTime>, age: Duration) -> u64 {
+    put_at
+        .or_else(|| std::time::SystemTime::now().checked_sub(age))
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| {
             u64::try_from((d.as_micros() + 500) / 1000).unwrap_or(u64::MAX)
@@ -1408,7 +1409,7 @@ impl RedisStore {
             // When it was put, whole: counted from its age in Redis, the
             // job came out a millisecond younger at each move (the time
             // from here to Redis, and the age's truncation to ms).
-            Arg::Int(put_at_ms(job.age)),
+            Arg::Int(put_at_ms(job.put_at, job.age)),
             Arg::Int(job.bury_order),
             Arg::Int(c.reserves.into()),
             Arg::Int(c.timeouts.into()),
