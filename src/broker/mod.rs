@@ -296,7 +296,9 @@ impl<S: Store> Broker<S> {
         Ok(true)
     }
 
-    /// Returns a departed connection's reservations and hands them on.
+    /// Returns a departed connection's reservations and hands them on;
+    /// `failed`: its worker left them unfinished (see
+    /// [`Store::release_all`]).
     pub async fn release_all(&self, conn: ConnId, held: &[JobId], failed: bool) -> StoreResult<()> {
         let tubes = self
             .call(

@@ -592,7 +592,9 @@ impl State {
 
     /// Returns to ready the jobs of `held` that `conn` still holds; returns
     /// the tubes that got jobs back. Not recorded: a restart makes them
-    /// ready too, and nothing else about them changed.
+    /// ready too, and nothing else about them changed. With `failed`, a job
+    /// with tries or a backoff is moved as when its TTR runs out instead
+    /// (see [`crate::store::Store::release_all`]), which is recorded.
     pub fn release_all(
         &mut self,
         conn: ConnId,
