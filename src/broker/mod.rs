@@ -307,9 +307,10 @@ impl<S: Store> Broker<S> {
             )
             .await?;
         self.serve(&tubes, true).await;
-        if failed {
+        if failed && !held.is_empty() {
             // Some may have been delayed by their backoff: the timer learns
-            // when they are due at its next tick, which comes now.
+            // when they are due at its next tick, which comes now (not at
+            // every close: on Redis a tick is a call).
             self.alarm.schedule(Duration::ZERO);
         }
         Ok(())
