@@ -213,8 +213,7 @@ pub(super) async fn listen_shards(
                     let mut conn = conn.clone();
                     ping = Some(Box::pin(async move {
                         let ping = redis::cmd("PING");
-                        let pong = ping.query_async::<Value>(&mut conn);
-                        matches!(tokio::time::timeout(CALL_TIMEOUT, pong).await, Ok(Ok(_)))
+                        bounded(ping.query_async::<Value>(&mut conn)).await.is_ok()
                     }));
                 }
             }
