@@ -2,8 +2,8 @@
 -- Args: tube, client id ('' for a server id), key, mode, pri, delay ms,
 -- ttr ms, body, options ('' for none: a job's options were fixed at its
 -- put, so the tube's settings do not fill them in), state, time left ms,
--- when it was put (ms since the epoch), burial order, reserves, timeouts, releases, buries, kicks,
--- tries, dead (1 or 0).
+-- when it was put (ms since the epoch), burial order, reserves, timeouts,
+-- releases, buries, kicks, tries, dead (1 or 0).
 -- `key`: for a server id, the id's key in hex; for a client id on a
 -- cluster, the key the caller took for it (on one Redis the key comes from
 -- the sequence, by `claim`). `mode`, for a server id on a cluster:

@@ -1179,9 +1179,9 @@ impl Store for RedisStore {
         failed: bool,
     ) -> StoreResult<Vec<Tube>> {
         let mut tubes = Vec::new();
+        let failed = if failed { "1" } else { "" };
         for (shard, ids) in self.ids_by_shard(held) {
-            let failed = Arg::Static(if failed { "1" } else { "" });
-            let args = vec![Arg::Owner(conn), Arg::Text(ids), failed];
+            let args = vec![Arg::Owner(conn), Arg::Text(ids), Arg::Static(failed)];
             let got = self.op_on(shard, Kind::Moves, "release_all", args).await?;
             let got: Vec<String> = parse(got)?;
             for t in got {
@@ -1406,9 +1406,9 @@ impl RedisStore {
             Arg::Text(decode::encode_options(&job.options)),
             Arg::Static(state.name()),
             Arg::Int(millis(job.time_left)),
-            // When it was put, whole: counted from its age in Redis, the
-            // job came out a millisecond younger at each move (the time
-            // from here to Redis, and the age's truncation to ms).
+            // When it was put, as a time, not an age: an age is counted
+            // from a moment that passes on its way here, and a job moved
+            // again and again grew younger.
             Arg::Int(put_at_ms(job.put_at, job.age)),
             Arg::Int(job.bury_order),
             Arg::Int(c.reserves.into()),
