@@ -522,3 +522,39 @@ async fn total_jobs_counts_from_the_restart() {
     assert_eq!(c.stats().await.num("total-jobs"), 1);
     assert_eq!(c.stats_tube("default").await.num("total-jobs"), 1);
 }
+
+/// A job held on its last try when the server goes, killed or stopped,
+/// gets back the try its reserve counted (the server failed, not the job):
+/// after the restart it is reserved once more, not twice, before its
+/// release makes it a dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_held_on_its_last_try_gets_its_try_back_after_a_restart() {
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut daemon = Daemon::durable(dir.path(), &[]).await;
+        let mut c = daemon.client().await;
+        let mut worker = daemon.client().await;
+        let id = put_with_options(&mut c, "0 0 60", b"last try", "tries=2").await;
+        worker.reserved(&format!("reserve-job {id}")).await;
+        assert_eq!(worker.cmd(&format!("release {id} 0 0")).await, "RELEASED");
+        worker.reserved(&format!("reserve-job {id}")).await;
+        let want = [("state", "reserved"), ("reserves", "2"), ("tries", "2")];
+        check_job_fields(&mut c, &id, &want, "on its last try").await;
+        // A reserve's record is not waited for: a change after it that is
+        // waited for is synced only once it is.
+        let barrier = c.put_ok(0, 0, 60, b"barrier").await;
+        assert_eq!(c.cmd(&format!("delete {barrier}")).await, "DELETED");
+        daemon.signal(signal);
+        daemon.wait_exit();
+        let daemon = Daemon::durable(dir.path(), &[]).await;
+        let mut c = daemon.client().await;
+        let when = format!("after signal {signal}");
+        let want = [("state", "ready"), ("reserves", "2"), ("tries", "1")];
+        check_job_fields(&mut c, &id, &want, &when).await;
+        c.reserved(&format!("reserve-job {id}")).await;
+        let want = [("state", "reserved"), ("reserves", "3"), ("tries", "2")];
+        check_job_fields(&mut c, &id, &want, &when).await;
+        assert_eq!(c.cmd(&format!("release {id} 0 0")).await, "BURIED");
+        assert_eq!(c.stats_job(&id).await.get("buried-because"), "tries");
+    }
+}

@@ -30,6 +30,7 @@ store_tests!(
     an_exponential_backoff_doubles_with_each_try_up_to_its_cap,
     jitter_takes_off_a_share_set_by_the_job_and_its_try,
     release_after_the_last_try_buries_a_dead_letter,
+    a_job_given_back_unfailed_gets_its_try_back,
     release_with_no_delay_waits_out_the_backoff_and_its_own_delay_is_kept,
     bury_is_no_dead_letter_and_counts_no_try,
     a_tubes_settings_fill_in_the_options_a_job_is_put_without,
@@ -146,6 +147,45 @@ async fn tries_bury_a_dead_letter_when_the_last_ttr_runs_out(env: Env<impl Store
     };
     env.check_job(&id, JobState::Ready, PRI, released).await;
     check_life(&env, &id, life, 1, false).await;
+}
+
+/// A job given back unfailed (the server stops while a worker holds it,
+/// or a reserve took it for a client that had gone) gets back the try its
+/// reserve counted: on its last try, it is then reserved once more, not
+/// twice, before it is a dead letter. One its worker failed keeps the try.
+async fn a_job_given_back_unfailed_gets_its_try_back(env: Env<impl Store>) {
+    let life = tries(2);
+    let id = env.put(job("a").life(life)).await;
+    assert_eq!(env.reserve(1, &["a"]).await.as_ref(), Some(&id));
+    assert_eq!(release(&env, 1, &id, PRI).await, back("a", ZERO));
+    // Its last try, given back.
+    assert_eq!(env.reserve(2, &["a"]).await.as_ref(), Some(&id));
+    check_life(&env, &id, life, 2, false).await;
+    env.broker
+        .release_all(2, std::slice::from_ref(&id), false)
+        .await
+        .unwrap();
+    let given_back = JobCounters {
+        reserves: 2,
+        releases: 1,
+        ..NO_COUNTERS
+    };
+    env.check_job(&id, JobState::Ready, PRI, given_back).await;
+    check_life(&env, &id, life, 1, false).await;
+    // Its last try again, failed by its worker's going: a dead letter.
+    assert_eq!(env.reserve(3, &["a"]).await.as_ref(), Some(&id));
+    check_life(&env, &id, life, 2, false).await;
+    env.broker
+        .release_all(3, std::slice::from_ref(&id), true)
+        .await
+        .unwrap();
+    let dead = JobCounters {
+        reserves: 3,
+        buries: 1,
+        ..given_back
+    };
+    env.check_job(&id, JobState::Buried, PRI, dead).await;
+    check_life(&env, &id, life, 2, true).await;
 }
 
 async fn without_options_a_job_is_ready_at_once_when_its_ttr_runs_out(env: Env<impl Store>) {

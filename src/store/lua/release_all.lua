@@ -5,6 +5,10 @@
 -- server runs): a job with tries or a backoff then comes back as after
 -- its TTR ran out (buried once its tries are used up, else delayed by its
 -- backoff), so that a job that crashes its worker ends a dead letter.
+-- Otherwise (the server stops, or a reserve took the job for a client
+-- that had gone) the job goes back unfailed, and the try its reserve
+-- counted is given back with it: else a job on its last try would be
+-- reserved once more than its tries allow.
 -- Returns the tubes that got jobs back ready.
 OPS.release_all = function(owner, ids, failed)
   local tubes = {}
@@ -17,6 +21,9 @@ OPS.release_all = function(owner, ids, failed)
       if failed == '1' and job[OPTIONS] then
         wait = come_back(key, job)
       else
+        if failed ~= '1' and job[OPTIONS] and tries_of(job) > 0 then
+          job[ROUND] = (job[ROUND] or 0) + 1
+        end
         link(key, job, 'ready', 0)
       end
       if wait == 0 then tubes[#tubes + 1] = job[TUBE] end

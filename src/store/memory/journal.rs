@@ -58,6 +58,20 @@ pub struct Round {
     pub dead: bool,
 }
 
+impl Round {
+    /// The round with its latest try uncounted, for a job given back by a
+    /// reserve that ended through no fault of the job's: the server
+    /// stopped or crashed while a worker held it. `reserves` (the job's
+    /// lifetime count) is left as it is, and a round with no try in it is
+    /// left alone.
+    pub fn given_back(self, reserves: u32) -> Round {
+        Round {
+            start: (self.start + 1).min(reserves),
+            ..self
+        }
+    }
+}
+
 /// A whole job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobImage<'a> {

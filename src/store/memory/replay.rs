@@ -16,7 +16,9 @@ use crate::clock::Micros;
 use crate::names::Tube;
 
 /// The live state of a kept state: a job reserved when the log was written
-/// is ready now (whoever held it is gone).
+/// is ready now (whoever held it is gone), and the try its reserve counted
+/// is given back with it ([`Job::give_back_try`]), as when a server that
+/// stops gives its jobs back.
 fn live(stored: Stored) -> St {
     match stored {
         Stored::Ready | Stored::Reserved => St::Ready,
@@ -133,6 +135,9 @@ impl State {
             body: image.body.into(),
             life: Life::of(image.options, image.meta.round),
         });
+        if image.meta.state == Stored::Reserved {
+            self.jobs[slot].give_back_try();
+        }
         self.link(slot, state, NO_CONN);
         Applied::Done
     }
@@ -153,6 +158,9 @@ impl State {
         job.delay = meta.delay;
         job.counters = meta.counters;
         job.set_round(meta.round);
+        if meta.state == Stored::Reserved {
+            job.give_back_try();
+        }
         self.link(slot, state, NO_CONN);
     }
 

@@ -140,6 +140,19 @@ impl Job {
         self.counters.reserves.saturating_sub(start)
     }
 
+    /// Uncounts the latest try, for a reserve that ended through no fault
+    /// of the job's (see [`Round::given_back`]); false if it has no tries
+    /// to count (no options).
+    pub fn give_back_try(&mut self) -> bool {
+        match &mut self.life {
+            Some(life) => {
+                life.round = life.round.given_back(self.counters.reserves);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Where it is in its tries, for `stats-job`, if it has options.
     pub fn life_stats(&self) -> Option<LifeStats> {
         self.life.as_ref().map(|l| LifeStats {

@@ -619,7 +619,17 @@ impl State {
                 self.time_out(slot, now, &mut ready);
                 log.note(Record::Meta(self.jobs[slot].meta()));
             } else {
+                // Given back unfailed (the server stops, or the reserve's
+                // client had gone): the try its reserve counted goes back
+                // too, or a job on its last try would be reserved once
+                // more than it allows.
+                let given_back = !failed && self.jobs[slot].give_back_try();
                 self.make_ready(slot, &mut ready);
+                // Noted as ready: a replay gives back the try of a job the
+                // log last saw reserved, and would give this one twice.
+                if given_back {
+                    log.note(Record::Meta(self.jobs[slot].meta()));
+                }
             }
         }
         ready
