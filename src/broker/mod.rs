@@ -322,6 +322,13 @@ impl<S: Store> Broker<S> {
             .await
     }
 
+    /// Counts a new connection's use or watch of `default`, kept even if
+    /// the store fails (see [`Store::attach_kept`]).
+    pub async fn attach_kept(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
+        self.call(StoreOp::Attach, self.store.attach_kept(tube, how))
+            .await
+    }
+
     /// Undoes one [`Broker::attach`].
     pub async fn detach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {
         self.call(StoreOp::Detach, self.store.detach(tube, how))

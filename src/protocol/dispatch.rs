@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
+use tracing::debug;
 
 use super::ClientError;
 use super::command::Command;
@@ -94,8 +95,12 @@ impl<S: Store> Session<S> {
             Command::Use(tube) => {
                 if tube != self.used {
                     broker.attach(&tube, TubeRef::Using).await?;
-                    broker.detach(&self.used, TubeRef::Using).await?;
-                    self.used = tube.clone();
+                    let old = std::mem::replace(&mut self.used, tube.clone());
+                    // The connection uses the new tube now: a count that
+                    // fails to go down is the store's to put right.
+                    if let Err(e) = broker.detach(&old, TubeRef::Using).await {
+                        debug!(conn, error = %e, "cannot uncount the tube a `use` left");
+                    }
                 }
                 Reply::Using(tube)
             }
@@ -165,7 +170,11 @@ impl<S: Store> Session<S> {
                 true if self.watched.len() == 1 => Reply::NotIgnored,
                 true => {
                     self.watched.swap_remove(&tube);
-                    broker.detach(&tube, TubeRef::Watching).await?;
+                    // Ignored whatever the store says: a count that fails
+                    // to go down is the store's to put right.
+                    if let Err(e) = broker.detach(&tube, TubeRef::Watching).await {
+                        debug!(conn, error = %e, "cannot uncount an ignored tube");
+                    }
                     Reply::Watching(self.watched.len())
                 }
                 false => Reply::Watching(self.watched.len()),

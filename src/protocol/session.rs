@@ -109,8 +109,8 @@ fn count_default<S: Store>(shared: &Arc<Shared<S>>, id: ConnId, default: &Tube) 
     let mut counting = Box::pin(async move {
         let broker = &shared.broker;
         let (using, watching) = tokio::join!(
-            broker.attach(&default, TubeRef::Using),
-            broker.attach(&default, TubeRef::Watching)
+            broker.attach_kept(&default, TubeRef::Using),
+            broker.attach_kept(&default, TubeRef::Watching)
         );
         if let Err(e) = using.and(watching) {
             warn!(conn = id, error = %e, "cannot count a new connection's use of `default`");

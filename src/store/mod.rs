@@ -257,8 +257,22 @@ pub trait Store: Send + Sync + 'static {
     /// used up their tries), paused tubes whose pause ran out.
     fn tick(&self) -> impl Future<Output = StoreResult<Tick>> + Send;
 
-    /// Records that a connection uses or watches `tube`, creating it if needed.
+    /// Records that a connection uses or watches `tube`, creating it if
+    /// needed. A failed one leaves no count: its command is answered as
+    /// failed, and the connection goes on without the tube.
     fn attach(&self, tube: &Tube, how: TubeRef) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Records a new connection's use and watch of `default`: as
+    /// [`Store::attach`], but a failed one is counted all the same (the
+    /// connection has `default` whatever the engine answered, and its close
+    /// will undo it), for the engine to put right once it can.
+    fn attach_kept(
+        &self,
+        tube: &Tube,
+        how: TubeRef,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        self.attach(tube, how)
+    }
 
     /// Undoes one [`Store::attach`]; a tube with no jobs and no users goes away.
     fn detach(&self, tube: &Tube, how: TubeRef) -> impl Future<Output = StoreResult<()>> + Send;

@@ -145,7 +145,12 @@ impl Daemon {
 
     /// Starts the binary on the Redis engine at `url`.
     pub async fn redis(url: &str) -> Daemon {
-        Daemon::start(&["--redis", url]).await
+        let daemon = Daemon::start(&["--redis", url]).await;
+        // The port opens before the engine has reached Redis (a connection
+        // waits in the backlog meanwhile): a test that breaks Redis at once
+        // must not break the start-up instead, which then exits.
+        daemon.client().await.tubes().await;
+        daemon
     }
 
     pub async fn client(&self) -> Client {

@@ -257,7 +257,8 @@ async fn a_killed_process_leaves_no_tube_users_behind() {
     .await;
     a.kill();
     // The figures cover every process, so they are Redis's: once A is gone
-    // (it had no chance to clean up), they must come to count only B's
+    // (it had no chance to clean up; its mark expires after 3 s, and must
+    // be seen missing 2 s more), they must come to count only B's
     // connection, and the tube only A's connection kept alive must go.
     let start = Instant::now();
     loop {
@@ -268,8 +269,8 @@ async fn a_killed_process_leaves_no_tube_users_behind() {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "5 s after A was killed, `default` still counts A's connection \
+            start.elapsed() < Duration::from_secs(9),
+            "9 s after A was killed, `default` still counts A's connection \
              (current-using, current-watching = {users:?}, expected (1, 1)) \
              and list-tubes is {tubes:?}, expected [\"default\"]"
         );
@@ -355,4 +356,155 @@ async fn fault_moment(ledger: &Ledger, k: usize, faults: usize, jobs: usize) {
         ledger.holding("worker") > 0
     })
     .await;
+}
+
+/// Sends `sig` to process `pid` (a redis-server or delayq this test started).
+fn signal(pid: u32, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits");
+    // SAFETY: kill(2) on a child process of this test, not yet reaped.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig})");
+}
+
+/// How many connections watch `tube`, as `stats-tube` through `c` says;
+/// `None` if the tube does not exist.
+async fn watching(c: &mut Client, tube: &str) -> Option<u64> {
+    let line = c.cmd(&format!("stats-tube {tube}")).await;
+    if line == "NOT_FOUND" {
+        return None;
+    }
+    Some(c.yaml_after(&line).await.num("current-watching"))
+}
+
+/// Polls [`watching`] until it is `want`, for at most `limit`; panics with
+/// `what` and the last answer otherwise.
+async fn watching_becomes(
+    c: &mut Client,
+    tube: &str,
+    want: Option<u64>,
+    limit: Duration,
+    what: &str,
+) {
+    let start = Instant::now();
+    loop {
+        let got = watching(c, tube).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what}: {tube} watched by {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Redis frozen for longer than the processes' alive marks last (3 s):
+/// every mark has expired when it wakes, and the first process to call must
+/// not take the others, alive and about to call too, for dead. Each tube
+/// here is watched by one process's connection only and paused: before, one
+/// of them was forgotten, its pause with it, while its worker still watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_frozen_past_the_alive_marks_forgets_no_live_process() {
+    let redis = RedisServer::start(&[]);
+    let a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
+    let mut watchers = Vec::new();
+    for (daemon, tube) in [(&a, "held-a"), (&b, "held-b")] {
+        let mut w = daemon.client().await;
+        assert_eq!(w.cmd(&format!("watch {tube}")).await, "WATCHING 2");
+        watchers.push(w);
+    }
+    let mut c = a.client().await;
+    for tube in ["held-a", "held-b"] {
+        assert_eq!(c.cmd(&format!("pause-tube {tube} 120")).await, "PAUSED");
+    }
+    let pid = redis.pid().expect("redis runs");
+    signal(pid, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    signal(pid, libc::SIGCONT);
+    // Long enough for a process taken for dead to be forgotten (its mark
+    // missing for 2 s, seen by heartbeats every 0.5 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for tube in ["held-a", "held-b"] {
+        let s = c.stats_tube(tube).await;
+        assert_eq!(s.num("current-watching"), 1, "{tube}: {s:?}");
+        assert!(
+            s.num("pause-time-left") > 100,
+            "{tube} lost its pause: {s:?}"
+        );
+    }
+    assert_eq!(c.cmd("use held-b").await, "USING held-b");
+    c.put_ok(0, 0, 60, b"paused").await;
+    assert_eq!(
+        watchers[1].cmd("reserve-with-timeout 1").await,
+        "TIMED_OUT",
+        "the tube is paused"
+    );
+}
+
+/// A process frozen long enough to be taken for dead (SIGSTOP: a VM stall)
+/// comes back to find the connections it counted forgotten: it counts them
+/// again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_taken_for_dead_counts_its_connections_again() {
+    let redis = RedisServer::start(&[]);
+    let a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
+    let mut on_b = b.client().await;
+    assert_eq!(on_b.cmd("watch only-b").await, "WATCHING 2");
+    let mut c = a.client().await;
+    watching_becomes(
+        &mut c,
+        "only-b",
+        Some(1),
+        Duration::from_secs(5),
+        "B's watcher",
+    )
+    .await;
+    let pid = b.child.id();
+    signal(pid, libc::SIGSTOP);
+    // Its mark expires after 3 s, and is missing 2 s more before A
+    // forgets it: the tube, with no jobs and no other watcher, goes too.
+    watching_becomes(
+        &mut c,
+        "only-b",
+        None,
+        Duration::from_secs(10),
+        "B taken for dead",
+    )
+    .await;
+    signal(pid, libc::SIGCONT);
+    watching_becomes(&mut c, "only-b", Some(1), Duration::from_secs(5), "B back").await;
+    assert_eq!(on_b.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
+}
+
+/// A `watch` or `use` answered `INTERNAL_ERROR` (Redis hung) leaves no count
+/// behind, whether Redis made the change after all or not: the tube goes
+/// once the connection has gone, as on beanstalkd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_watch_or_use_leaves_no_count_behind() {
+    let redis = RedisServer::start(&[]);
+    let a = Daemon::redis(&redis.url).await;
+    let mut c = a.client().await;
+    let mut other = a.client().await;
+    let pid = redis.pid().expect("redis runs");
+    signal(pid, libc::SIGSTOP);
+    assert_eq!(c.cmd("watch leak-w").await, "INTERNAL_ERROR");
+    assert_eq!(c.cmd("use leak-u").await, "INTERNAL_ERROR");
+    signal(pid, libc::SIGCONT);
+    assert_eq!(c.cmd("list-tube-used").await, "USING default");
+    drop(c);
+    let start = Instant::now();
+    loop {
+        let tubes = other.tubes().await;
+        if tubes == ["default"] {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the failed commands' tubes are still counted: {tubes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

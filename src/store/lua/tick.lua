@@ -5,25 +5,49 @@
 -- process's alive mark and forgets the processes whose mark expired: their
 -- tube users stop counting, and tubes left with no users or jobs go away.
 -- Args: batch, process
--- Returns {next, tube...}: microseconds until the next due time (0: call
--- again now; -1: nothing pending), then the tubes that got ready jobs. Due
--- times are whole milliseconds; the wait is counted to the microsecond, so
--- the timer wakes as the millisecond begins, not up to one later.
+-- Returns {next, lost, tube...}: microseconds until the next due time (0:
+-- call again now; -1: nothing pending), 1 if the process's use and watch
+-- counts are gone from Redis (else 0), then the tubes that got ready jobs.
+-- Due times are whole milliseconds; the wait is counted to the
+-- microsecond, so the timer wakes as the millisecond begins, not up to one
+-- later.
+-- Set by the heartbeat when the process's counts are gone from Redis.
+local lost_refs = 0
+
 local function heartbeat(process)
+  -- How long another process's alive mark must be seen missing before it
+  -- is taken for dead, and how long that sighting is kept.
+  local DEAD_AFTER_MS, MISSING_KEPT_MS = 2000, 10000
   alive(process)
+  local now = now_ms()
   for _, other in ipairs(redis.call('SMEMBERS', P .. 'processes')) do
     if redis.call('EXISTS', P .. 'alive:' .. other) == 0 then
-      local refs = P .. 'refs:' .. other
-      local fields = redis.call('HKEYS', refs)
-      redis.call('DEL', refs)
-      redis.call('SREM', P .. 'processes', other)
-      for _, field in ipairs(fields) do maybe_unused(string.sub(field, 3)) end
+      -- Gone only once its mark has been seen missing for DEAD_AFTER_MS:
+      -- after Redis was away or frozen every mark has expired, and the
+      -- process that calls first would otherwise forget the others, alive
+      -- and about to call too.
+      local missing = P .. 'missing:' .. other
+      local since = tonumber(redis.call('GET', missing))
+      if since == nil then
+        redis.call('SET', missing, now, 'PX', MISSING_KEPT_MS)
+      elseif now - since >= DEAD_AFTER_MS then
+        local refs = P .. 'refs:' .. other
+        local fields = redis.call('HKEYS', refs)
+        redis.call('DEL', refs, missing)
+        redis.call('SREM', P .. 'processes', other)
+        for _, field in ipairs(fields) do
+          if field ~= '#' then maybe_unused(string.sub(field, 3)) end
+        end
+      end
     end
   end
+  -- Its counts were forgotten (it was taken for dead) or lost (Redis lost
+  -- its data): the process sends them all again.
+  if redis.call('HEXISTS', P .. 'refs:' .. process, '#') == 0 then lost_refs = 1 end
 end
 
 local function ticked(next_ms)
-  local out = { next_ms }
+  local out = { next_ms, lost_refs }
   for tube in pairs(announced) do out[#out + 1] = tube end
   return out
 end
@@ -91,6 +115,7 @@ end
 
 OPS.tick = function(batch, process)
   local now, budget = now_ms(), tonumber(batch)
+  lost_refs = 0
   -- A shard of a cluster is ticked without a process: the processes mark
   -- themselves alive in the cluster's control slot instead.
   if process ~= '' then heartbeat(process) end

@@ -1,16 +1,17 @@
--- attach / detach: a connection of `process` starts or stops using or
--- watching a tube.
--- Args: process, tube, 'u' (using) | 'w' (watching), +1 | -1
+-- tube_ref: the connections of `process` using or watching a tube changed;
+-- the process sends its new count, not the change, so that a call sent
+-- twice, or one whose command was answered as failed and then undone,
+-- leaves the count the process has.
+-- Args: process, tube, 'u' (using) | 'w' (watching), the count
 -- Returns 1.
-OPS.tube_ref = function(process, tube, field, delta)
-  delta = tonumber(delta)
+OPS.tube_ref = function(process, tube, field, count)
+  count = tonumber(count)
   local refs, name = P .. 'refs:' .. process, field .. ':' .. tube
   alive(process)
-  if delta > 0 then
+  if count > 0 then
     ensure_tube(tube)
-    redis.call('HINCRBY', refs, name, delta)
-  elseif tonumber(redis.call('HGET', refs, name) or 0) > 0 then
-    if redis.call('HINCRBY', refs, name, delta) <= 0 then redis.call('HDEL', refs, name) end
+    redis.call('HSET', refs, name, count)
+  elseif redis.call('HDEL', refs, name) == 1 then
     maybe_unused(tube)
   end
   return 1

@@ -24,7 +24,7 @@ use tracing::info;
 use super::conn::Conn;
 use super::decode::{corrupt, fail};
 use super::library::{Function, Kind, Library};
-use super::refs::{SharedSum, seal};
+use super::refs::{SharedCounts, SharedSum, encode, seal};
 use super::shards::{SHARDS, Sharding};
 use crate::error::{StoreError, StoreResult};
 use crate::names::{JobId, Tube};
@@ -67,6 +67,9 @@ pub(super) enum Arg {
     /// The summed change of use or watch counts that an operation carries,
     /// which changes join until the call is written.
     Sum(SharedSum),
+    /// Every use and watch count of the process, read when the call is
+    /// written (in order with the changes' operations).
+    Counts(SharedCounts),
 }
 
 impl Arg {
@@ -93,6 +96,7 @@ impl Arg {
             Arg::Id(JobId::Client(name)) => cmd.arg(&**name),
             Arg::Body(b) => cmd.arg(b.as_ref()),
             Arg::Sum(sum) => cmd.arg(seal(sum)),
+            Arg::Counts(counts) => cmd.arg(encode(counts)),
         };
     }
 }

@@ -53,6 +53,7 @@ impl Kind {
                 release_all,
                 tick,
                 tube_ref,
+                restore_refs,
                 ids,
                 forget_births,
                 forget_counts,

@@ -585,6 +585,16 @@ impl RedisStore {
         Ok(())
     }
 
+    /// After a heartbeat: sends this process's use and watch counts again
+    /// if Redis no longer has them (it lost its data, or another process
+    /// took this one for dead and forgot them) or may have them wrong (a
+    /// change failed, and may or may not have been made).
+    fn keep_refs(&self, lost: bool) {
+        if self.refs.take_dirty() | lost {
+            self.refs.restore();
+        }
+    }
+
     /// The tick of a cluster: the control slot's heartbeat (at most every
     /// [`HEARTBEAT`]), then the shards this process ticks that are due.
     async fn tick_sharded(&self, s: &Sharding) -> StoreResult<Tick> {
@@ -608,7 +618,9 @@ impl RedisStore {
                 self.op(Kind::Reads, "live", Vec::new()),
                 self.op(Kind::Reads, "pauses", Vec::new()),
             );
-            ready.extend(ticked(tick?)?.1);
+            let (_, lost, tubes) = ticked(tick?)?;
+            ready.extend(tubes);
+            self.keep_refs(lost);
             s.set_live(&self.process, parse(live?)?);
             let pauses: Vec<Value> = parse(pauses?)?;
             let mut known = Vec::new();
@@ -639,7 +651,7 @@ impl RedisStore {
         let mut failed = None;
         for (&(shard, news), got) in due.iter().zip(got) {
             match got.and_then(ticked) {
-                Ok((after, tubes)) => {
+                Ok((after, _, tubes)) => {
                     // From when the tick was sent, as in `due_in`.
                     let at = after.map(|d| sent + d);
                     s.ticked(shard, news, at);
@@ -670,16 +682,22 @@ impl RedisStore {
     }
 }
 
-/// A tick's reply: the time until the next due time, and the tubes that
-/// got ready jobs.
-fn ticked(v: Value) -> StoreResult<(Option<Duration>, Vec<Tube>)> {
+/// A tick's reply: the time until the next due time, whether the process's
+/// use and watch counts are gone from Redis, and the tubes that got ready
+/// jobs.
+fn ticked(v: Value) -> StoreResult<(Option<Duration>, bool, Vec<Tube>)> {
     let v: Vec<Value> = parse(v)?;
     let mut v = v.into_iter();
     let next: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
+    let lost: i64 = parse(v.next().ok_or_else(|| corrupt("tick"))?)?;
     let ready = v
         .map(|t| parse::<String>(t).and_then(|t| tube(&t)))
         .collect::<StoreResult<_>>()?;
-    Ok((u64::try_from(next).ok().map(Duration::from_micros), ready))
+    Ok((
+        u64::try_from(next).ok().map(Duration::from_micros),
+        lost == 1,
+        ready,
+    ))
 }
 
 impl Store for RedisStore {
@@ -1210,19 +1228,24 @@ impl Store for RedisStore {
             Arg::Static("")
         };
         let args = vec![Arg::Int(TICK_BATCH), process];
-        let (next, ready) = ticked(self.op(Kind::Moves, "tick", args).await?)?;
+        let (next, lost, ready) = ticked(self.op(Kind::Moves, "tick", args).await?)?;
         if beat_due {
             *self.beat.lock().unwrap_or_else(PoisonError::into_inner) = Some(now);
+            self.keep_refs(lost);
         }
         Ok(Tick { ready, next })
     }
 
     async fn attach(&self, t: &Tube, how: TubeRef) -> StoreResult<()> {
-        self.tube_ref(t, how, 1).await
+        self.tube_ref(t, how, 1, true).await
+    }
+
+    async fn attach_kept(&self, t: &Tube, how: TubeRef) -> StoreResult<()> {
+        self.tube_ref(t, how, 1, false).await
     }
 
     async fn detach(&self, t: &Tube, how: TubeRef) -> StoreResult<()> {
-        self.tube_ref(t, how, -1).await
+        self.tube_ref(t, how, -1, false).await
     }
 
     fn events(&self) -> Option<mpsc::Receiver<StoreEvent>> {
@@ -1485,11 +1508,51 @@ impl RedisStore {
         }
     }
 
-    async fn tube_ref(&self, t: &Tube, how: TubeRef, delta: i64) -> StoreResult<()> {
+    /// Changes this process's count of connections using or watching `t`
+    /// by `delta`; with `undo_failed`, a change answered as failed is
+    /// undone.
+    async fn tube_ref(
+        &self,
+        t: &Tube,
+        how: TubeRef,
+        delta: i64,
+        undo_failed: bool,
+    ) -> StoreResult<()> {
         let field = match how {
             TubeRef::Using => "u",
             TubeRef::Watching => "w",
         };
-        self.refs.change(t, field, delta).await
+        // A change for a command answered as failed (an error, or the
+        // command cut off at its deadline, which drops this future) is
+        // undone: the connection goes on without it, and so must the
+        // process's count, whatever Redis did with the change.
+        let mut undo = Undo {
+            refs: &self.refs,
+            tube: t,
+            field,
+            delta,
+            armed: undo_failed,
+        };
+        let result = self.refs.change(t, field, delta).await;
+        undo.armed &= result.is_err();
+        result
+    }
+}
+
+/// Undoes a change of a use or watch count when dropped armed; disarmed
+/// once the change is answered as made.
+struct Undo<'a> {
+    refs: &'a Refs,
+    tube: &'a Tube,
+    field: &'static str,
+    delta: i64,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.refs.undo(self.tube, self.field, self.delta);
+        }
     }
 }

@@ -6,15 +6,21 @@
 //! One operation each would make ten thousand connections opening at once
 //! twenty thousand operations, queued in front of their first reserves
 //! (which then ran out of time). Instead a change joins the operation for
-//! its tube and count that is still waiting in the queue, if there is one:
-//! the operation carries the sum, read when its call is written (and from
-//! then on it takes no more). Only when none waits does a change queue a new
-//! one. Either way the change is in the queue, ahead of whatever the
-//! connection sends next, as soon as it is made; and it is answered once
-//! the operation carrying it is done, so a `watch` is still answered only
-//! once Redis counts it.
+//! its tube and count that is still waiting in the queue, if there is one.
+//! Only when none waits does a change queue a new one. Either way the
+//! change is in the queue, ahead of whatever the connection sends next, as
+//! soon as it is made; and it is answered once the operation carrying it
+//! is done, so a `watch` is still answered only once Redis counts it.
+//!
+//! The process keeps its counts itself, and an operation carries the count
+//! (read when its call is written), not the change: a call sent twice, or
+//! a change answered as failed and then undone ([`Refs::undo`]), leaves
+//! Redis with the count the process has, whether the first call ran or
+//! not; and counts Redis lost, or that another process forgot because
+//! this one seemed dead, are sent again whole ([`Refs::restore`]).
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{mpsc, oneshot};
@@ -25,10 +31,11 @@ use super::library::Kind;
 use crate::error::StoreResult;
 use crate::names::Tube;
 
-/// The changes one queued operation carries.
+/// What one queued operation carries.
 #[derive(Default)]
 pub(super) struct Sum {
-    delta: i64,
+    /// The count after the latest change that joined it.
+    count: i64,
     /// Its call is written: later changes need an operation of their own.
     sealed: bool,
     waiting: Vec<oneshot::Sender<StoreResult<()>>>,
@@ -37,24 +44,51 @@ pub(super) struct Sum {
 /// A [`Sum`] shared by the queued operation and the changes joining it.
 pub(super) type SharedSum = Arc<Mutex<Sum>>;
 
-fn lock(sum: &Mutex<Sum>) -> MutexGuard<'_, Sum> {
-    sum.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Seals `sum` and returns its change, as its call is written.
+/// Seals `sum` and returns its count, as its call is written.
 pub(super) fn seal(sum: &Mutex<Sum>) -> i64 {
     let mut sum = lock(sum);
     sum.sealed = true;
-    sum.delta
+    sum.count
 }
 
-type Latest = HashMap<(Tube, &'static str), SharedSum>;
+/// A tube and a count of it (`u` using, `w` watching).
+type Key = (Tube, &'static str);
+
+/// The process's counts, and the operations carrying them.
+#[derive(Default)]
+pub(super) struct Counts {
+    /// Every count above zero.
+    counts: HashMap<Key, i64>,
+    /// The latest operation of each count; sealed ones are replaced by the
+    /// next change.
+    latest: HashMap<Key, SharedSum>,
+    /// An operation failed: Redis may be off by its change until the counts
+    /// are sent again whole.
+    dirty: bool,
+}
+
+/// The counts of a process, shared with the operation that restores them.
+pub(super) type SharedCounts = Arc<Mutex<Counts>>;
+
+/// Every count, as `restore_refs` takes them: `FIELD:TUBE COUNT` pairs
+/// separated by spaces, read as its call is written.
+pub(super) fn encode(counts: &Mutex<Counts>) -> String {
+    let counts = lock(counts);
+    let mut out = String::new();
+    for ((tube, field), count) in &counts.counts {
+        let sep = if out.is_empty() { "" } else { " " };
+        let _ = write!(out, "{sep}{field}:{tube} {count}");
+    }
+    out
+}
 
 /// Where a process's count changes join their operations.
 pub(super) struct Refs {
-    /// The latest operation of each tube and count (`u` using, `w`
-    /// watching); sealed ones are replaced by the next change.
-    latest: Arc<Mutex<Latest>>,
+    counts: SharedCounts,
     /// The control slot's queue of operations.
     queue: mpsc::UnboundedSender<Op>,
     process: String,
@@ -64,10 +98,57 @@ impl Refs {
     /// Changes for `process`, sent through `queue`.
     pub(super) fn new(queue: mpsc::UnboundedSender<Op>, process: String) -> Refs {
         Refs {
-            latest: Arc::default(),
+            counts: Arc::default(),
             queue,
             process,
         }
+    }
+
+    /// Undoes a change whose command was answered as failed (so its
+    /// connection goes on as if it was not made), whether Redis made it or
+    /// not. Not waited for: its command has its answer.
+    pub(super) fn undo(&self, tube: &Tube, field: &'static str, delta: i64) {
+        // Sent again whole at the next heartbeat too, should the undoing
+        // operation fail as well.
+        lock(&self.counts).dirty = true;
+        // Outside a runtime (one that is shutting down drops its tasks) the
+        // operation could not be answered, and nothing would send it.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let (tx, _) = oneshot::channel();
+            let _ = self.join(tube, field, -delta, tx);
+        }
+    }
+
+    /// Whether an operation failed since the counts were last sent whole
+    /// (Redis may then be off by its change: a failed call may or may not
+    /// have run); clears the mark.
+    pub(super) fn take_dirty(&self) -> bool {
+        std::mem::take(&mut lock(&self.counts).dirty)
+    }
+
+    /// Sends every count again, for counts Redis no longer has or may have
+    /// wrong. Not waited for: it goes in order with the changes, and if it
+    /// fails, the counts are marked for the next heartbeat to send again.
+    pub(super) fn restore(&self) {
+        let (reply, result) = oneshot::channel();
+        let op = Op {
+            kind: Kind::Moves,
+            name: "restore_refs",
+            args: vec![
+                Arg::Text(self.process.clone()),
+                Arg::Counts(self.counts.clone()),
+            ],
+            reply,
+        };
+        if self.queue.send(op).is_err() {
+            return;
+        }
+        let all = self.counts.clone();
+        tokio::spawn(async move {
+            if !matches!(result.await, Ok(Ok(_))) {
+                lock(&all).dirty = true;
+            }
+        });
     }
 
     /// Changes the count `field` of `tube` by `delta`; done once Redis has
@@ -91,17 +172,25 @@ impl Refs {
         tx: oneshot::Sender<StoreResult<()>>,
     ) -> StoreResult<()> {
         let key = (tube.clone(), field);
-        let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sum) = latest.get(&key) {
+        let mut all = lock(&self.counts);
+        let count = {
+            let c = all.counts.entry(key.clone()).or_default();
+            *c = (*c + delta).max(0);
+            *c
+        };
+        if count == 0 {
+            all.counts.remove(&key);
+        }
+        if let Some(sum) = all.latest.get(&key) {
             let mut open = lock(sum);
             if !open.sealed {
-                open.delta += delta;
+                open.count = count;
                 open.waiting.push(tx);
                 return Ok(());
             }
         }
         let sum = Arc::new(Mutex::new(Sum {
-            delta,
+            count,
             sealed: false,
             waiting: vec![tx],
         }));
@@ -118,11 +207,11 @@ impl Refs {
             reply,
         };
         self.queue.send(op).map_err(|_| stopped())?;
-        latest.insert(key.clone(), sum.clone());
-        drop(latest);
+        all.latest.insert(key.clone(), sum.clone());
+        drop(all);
         // A task of its own answers the changes, not a caller: a command
         // cut off while it waits must not leave the others unanswered.
-        let all = self.latest.clone();
+        let all = self.counts.clone();
         tokio::spawn(async move {
             let result = match result.await {
                 Ok(value) => value.and_then(parse::<i64>).map(drop),
@@ -131,10 +220,11 @@ impl Refs {
             // Done, the operation leaves the map unless a later one took
             // its place, so the map holds only operations under way.
             {
-                let mut latest = all.lock().unwrap_or_else(PoisonError::into_inner);
-                if latest.get(&key).is_some_and(|l| Arc::ptr_eq(l, &sum)) {
-                    latest.remove(&key);
+                let mut all = lock(&all);
+                if all.latest.get(&key).is_some_and(|l| Arc::ptr_eq(l, &sum)) {
+                    all.latest.remove(&key);
                 }
+                all.dirty |= result.is_err();
             }
             let waiting = {
                 // Sealed even if its call was never written (the sender
