@@ -65,6 +65,16 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Sends `sig` to the server (SIGSTOP and SIGCONT freeze and thaw it).
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = self.pid().expect("redis-server runs");
+        let pid = libc::pid_t::try_from(pid).expect("pid fits");
+        // SAFETY: kill(2) on our own child, not reaped yet (only `kill` and
+        // drop reap it), so the pid is still ours.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig})");
+    }
+
     fn spawn(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", "0", "--save", "", "--appendonly", "no"])

@@ -660,27 +660,18 @@ impl Frozen {
     }
 }
 
-/// Sends `signal` to process `pid`.
-fn signal(pid: u32, signal: libc::c_int) {
-    let pid = libc::pid_t::try_from(pid).expect("a pid");
-    // SAFETY: kill(2) on our own child redis-server, not reaped yet.
-    let rc = unsafe { libc::kill(pid, signal) };
-    assert_eq!(rc, 0, "kill({pid}, {signal})");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_frozen_every_reply_in_time() {
     let started = Instant::now();
 
     // One Redis, frozen whole.
     let redis = RedisServer::start(&[]);
-    let pid = redis.pid().expect("redis-server runs");
     let daemon = Daemon::redis(&redis.url).await;
     let ids = (0..).map(|n| format!("frozen-{n}"));
     let mut clients = Frozen::prepare(daemon.addr, ids).await;
-    signal(pid, libc::SIGSTOP);
+    redis.signal(libc::SIGSTOP);
     let single = [clients.round().await, clients.round().await];
-    signal(pid, libc::SIGCONT);
+    redis.signal(libc::SIGCONT);
     let single_back = clients.thawed().await;
 
     // A cluster, its primary serving the jobs' shards frozen (not the one

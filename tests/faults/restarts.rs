@@ -358,14 +358,6 @@ async fn fault_moment(ledger: &Ledger, k: usize, faults: usize, jobs: usize) {
     .await;
 }
 
-/// Sends `sig` to process `pid` (a redis-server or delayq this test started).
-fn signal(pid: u32, sig: libc::c_int) {
-    let pid = libc::pid_t::try_from(pid).expect("pid fits");
-    // SAFETY: kill(2) on a child process of this test, not yet reaped.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(rc, 0, "kill({pid}, {sig})");
-}
-
 /// How many connections watch `tube`, as `stats-tube` through `c` says;
 /// `None` if the tube does not exist.
 async fn watching(c: &mut Client, tube: &str) -> Option<u64> {
@@ -419,10 +411,9 @@ async fn redis_frozen_past_the_alive_marks_forgets_no_live_process() {
     for tube in ["held-a", "held-b"] {
         assert_eq!(c.cmd(&format!("pause-tube {tube} 120")).await, "PAUSED");
     }
-    let pid = redis.pid().expect("redis runs");
-    signal(pid, libc::SIGSTOP);
+    redis.signal(libc::SIGSTOP);
     tokio::time::sleep(Duration::from_millis(4500)).await;
-    signal(pid, libc::SIGCONT);
+    redis.signal(libc::SIGCONT);
     // Long enough for a process taken for dead to be forgotten (its mark
     // missing for 2 s, seen by heartbeats every 0.5 s).
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -462,8 +453,7 @@ async fn a_process_taken_for_dead_counts_its_connections_again() {
         "B's watcher",
     )
     .await;
-    let pid = b.child.id();
-    signal(pid, libc::SIGSTOP);
+    b.signal(libc::SIGSTOP);
     // Its mark expires after 3 s, and is missing 2 s more before A
     // forgets it: the tube, with no jobs and no other watcher, goes too.
     watching_becomes(
@@ -474,7 +464,7 @@ async fn a_process_taken_for_dead_counts_its_connections_again() {
         "B taken for dead",
     )
     .await;
-    signal(pid, libc::SIGCONT);
+    b.signal(libc::SIGCONT);
     watching_becomes(&mut c, "only-b", Some(1), Duration::from_secs(5), "B back").await;
     assert_eq!(on_b.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
 }
@@ -488,11 +478,10 @@ async fn a_failed_watch_or_use_leaves_no_count_behind() {
     let a = Daemon::redis(&redis.url).await;
     let mut c = a.client().await;
     let mut other = a.client().await;
-    let pid = redis.pid().expect("redis runs");
-    signal(pid, libc::SIGSTOP);
+    redis.signal(libc::SIGSTOP);
     assert_eq!(c.cmd("watch leak-w").await, "INTERNAL_ERROR");
     assert_eq!(c.cmd("use leak-u").await, "INTERNAL_ERROR");
-    signal(pid, libc::SIGCONT);
+    redis.signal(libc::SIGCONT);
     assert_eq!(c.cmd("list-tube-used").await, "USING default");
     drop(c);
     let start = Instant::now();
