@@ -111,10 +111,11 @@ impl<S: Store> Session<S> {
                 tube,
             } => return self.reserve(tube, timeout, Some(count)).await,
             Command::RemoveBatch { ids, finish } => {
-                let count = broker.remove_batch(conn, &ids, finish).await?;
+                // As for `delete` below.
                 for id in &ids {
                     self.deadlines.remove(id);
                 }
+                let count = broker.remove_batch(conn, &ids, finish).await?;
                 Reply::Removed { finish, count }
             }
             Command::ReserveJob(id) => {
@@ -124,19 +125,25 @@ impl<S: Store> Session<S> {
                     None => Reply::NotFound,
                 }
             }
+            // A job named by one of these is no longer the connection's to
+            // warn of (DEADLINE_SOON), whatever the answer: one answered
+            // INTERNAL_ERROR may have been made all the same, and a job it
+            // removed would answer every reserve in its last second with
+            // DEADLINE_SOON at once. Should it not have been made, the job
+            // comes back at its TTR, without the warning.
             Command::Delete(id) => {
-                let yes = broker.delete(conn, &id).await?;
                 self.deadlines.remove(&id);
+                let yes = broker.delete(conn, &id).await?;
                 found(yes, Reply::Deleted(id))
             }
             Command::Finish(id) => {
-                let yes = broker.finish(conn, &id).await?;
                 self.deadlines.remove(&id);
+                let yes = broker.finish(conn, &id).await?;
                 found(yes, Reply::Finished(id))
             }
             Command::Release { id, pri, delay } => {
-                let released = broker.release(conn, &id, pri, secs(delay)).await?;
                 self.deadlines.remove(&id);
+                let released = broker.release(conn, &id, pri, secs(delay)).await?;
                 match released {
                     Some(r) if r.buried => Reply::Buried,
                     Some(_) => Reply::Released,
@@ -144,8 +151,8 @@ impl<S: Store> Session<S> {
                 }
             }
             Command::Bury { id, pri } => {
-                let yes = broker.bury(conn, &id, pri).await?;
                 self.deadlines.remove(&id);
+                let yes = broker.bury(conn, &id, pri).await?;
                 found(yes, Reply::Buried)
             }
             Command::Touch(id) => {

@@ -365,3 +365,37 @@ async fn jobs_a_late_reserve_batch_took_are_given_back() {
         b"job 0"
     );
 }
+
+/// A `delete` answered `INTERNAL_ERROR` (Redis froze past the command's
+/// deadline) that Redis carried out after all: the worker's next reserves
+/// are not answered `DEADLINE_SOON` for the job that is gone (they were,
+/// at once, every one of them in the job's last second: a busy loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_in_doubt_leaves_no_deadline_soon_behind() {
+    let redis = RedisServer::start(&[]);
+    let server = InProcess::start(&redis.url).await;
+    let mut c = server.client().await;
+    let id = c.put_ok(0, 0, 4, b"in doubt").await;
+    assert_eq!(
+        c.reserved("reserve-with-timeout 0").await.id,
+        id.to_string()
+    );
+    let reserved_at = Instant::now();
+    redis.signal(libc::SIGSTOP);
+    internal_error(&mut c, &format!("delete {id}")).await;
+    redis.signal(libc::SIGCONT);
+    wait_for_redis(&mut c).await;
+    assert_eq!(
+        c.cmd(&format!("peek {id}")).await,
+        "NOT_FOUND",
+        "Redis carried the delete out"
+    );
+    // Into the job's last second, when a job still held would be warned of.
+    let last_second = Duration::from_millis(3300);
+    tokio::time::sleep(last_second.saturating_sub(reserved_at.elapsed())).await;
+    assert!(
+        reserved_at.elapsed() < Duration::from_secs(4),
+        "too late to tell"
+    );
+    assert_eq!(c.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
+}
