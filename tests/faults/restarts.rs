@@ -434,6 +434,34 @@ async fn redis_frozen_past_the_alive_marks_forgets_no_live_process() {
     );
 }
 
+/// A process frozen for a few seconds (its alive mark expired, but it is
+/// not yet taken for dead) still keeps the tubes its connections watch:
+/// another process's connection letting go of one meanwhile must not make
+/// it go, its pause with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_process_keeps_its_tubes_while_another_lets_go() {
+    let redis = RedisServer::start(&[]);
+    let a = Daemon::redis(&redis.url).await;
+    let b = Daemon::redis(&redis.url).await;
+    let mut on_b = b.client().await;
+    assert_eq!(on_b.cmd("watch shared").await, "WATCHING 2");
+    let mut on_a = a.client().await;
+    assert_eq!(on_a.cmd("watch shared").await, "WATCHING 2");
+    let mut c = a.client().await;
+    assert_eq!(c.cmd("pause-tube shared 120").await, "PAUSED");
+    b.signal(libc::SIGSTOP);
+    // B's mark, renewed every 0.5 s, has expired 3 s after its last
+    // renewal; it is taken for dead 2 s after that at the soonest.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    drop(on_a);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    b.signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let s = c.stats_tube("shared").await;
+    assert_eq!(s.num("current-watching"), 1, "{s:?}");
+    assert!(s.num("pause-time-left") > 100, "the pause was lost: {s:?}");
+}
+
 /// A process frozen long enough to be taken for dead (SIGSTOP: a VM stall)
 /// comes back to find the connections it counted forgotten: it counts them
 /// again by itself.

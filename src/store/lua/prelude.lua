@@ -271,17 +271,18 @@ local function alive(process)
 end
 
 -- Connections using and watching a tube, summed over the delayq processes
--- that are alive. Each process counts its own in P.."refs:"..process
+-- not taken for dead. Each process counts its own in P.."refs:"..process
 -- (fields "u:"..tube and "w:"..tube) and keeps P.."alive:"..process from
--- expiring while it runs, so the users of a process that died stop counting
--- when its key expires.
+-- expiring while it runs; a heartbeat takes it out of P.."processes" once
+-- that mark has been missing for a while (see `tick`), so the users of a
+-- process that died stop counting then. Not sooner: a process whose mark
+-- expired may only be frozen (or Redis was, and every mark expired), and
+-- a tube it still watches must not go, its pause with it.
 local function tube_users(tube)
   local using, watching = 0, 0
   for _, process in ipairs(redis.call('SMEMBERS', P .. 'processes')) do
-    if redis.call('EXISTS', P .. 'alive:' .. process) == 1 then
-      local r = redis.call('HMGET', P .. 'refs:' .. process, 'u:' .. tube, 'w:' .. tube)
-      using, watching = using + tonumber(r[1] or 0), watching + tonumber(r[2] or 0)
-    end
+    local r = redis.call('HMGET', P .. 'refs:' .. process, 'u:' .. tube, 'w:' .. tube)
+    using, watching = using + tonumber(r[1] or 0), watching + tonumber(r[2] or 0)
   end
   return using, watching
 end
