@@ -6,7 +6,6 @@ use std::time::SystemTime;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
-use tracing::debug;
 
 use super::ClientError;
 use super::command::Command;
@@ -14,7 +13,7 @@ use super::export;
 use super::failure::failed;
 use super::options;
 use super::reply::Reply;
-use super::session::{Outcome, Session, Wanted, secs};
+use super::session::{Outcome, Session, Wanted, secs, without_waiting};
 use super::stats::{render_job, render_tube, render_tubes};
 use crate::auth::Access;
 use crate::error::StoreResult;
@@ -96,11 +95,14 @@ impl<S: Store> Session<S> {
                 if tube != self.used {
                     broker.attach(&tube, TubeRef::Using).await?;
                     let old = std::mem::replace(&mut self.used, tube.clone());
-                    // The connection uses the new tube now: a count that
-                    // fails to go down is the store's to put right.
-                    if let Err(e) = broker.detach(&old, TubeRef::Using).await {
-                        debug!(conn, error = %e, "cannot uncount the tube a `use` left");
-                    }
+                    // Not waited for: the connection uses the new tube now,
+                    // and a count that fails to go down is the store's to
+                    // put right, so nothing here can fail once the new
+                    // tube is counted (a failed `use` changes nothing).
+                    let shared = shared.clone();
+                    without_waiting(conn, "cannot uncount the tube a `use` left", async move {
+                        shared.broker.detach(&old, TubeRef::Using).await
+                    });
                 }
                 Reply::Using(tube)
             }
@@ -177,11 +179,12 @@ impl<S: Store> Session<S> {
                 true if self.watched.len() == 1 => Reply::NotIgnored,
                 true => {
                     self.watched.swap_remove(&tube);
-                    // Ignored whatever the store says: a count that fails
-                    // to go down is the store's to put right.
-                    if let Err(e) = broker.detach(&tube, TubeRef::Watching).await {
-                        debug!(conn, error = %e, "cannot uncount an ignored tube");
-                    }
+                    // Not waited for, as the tube a `use` leaves: an
+                    // `ignore` cannot fail.
+                    let shared = shared.clone();
+                    without_waiting(conn, "cannot uncount an ignored tube", async move {
+                        shared.broker.detach(&tube, TubeRef::Watching).await
+                    });
                     Reply::Watching(self.watched.len())
                 }
                 false => Reply::Watching(self.watched.len()),

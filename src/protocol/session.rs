@@ -106,19 +106,37 @@ pub struct Session<S: Store> {
 fn count_default<S: Store>(shared: &Arc<Shared<S>>, id: ConnId, default: &Tube) {
     let shared = Arc::clone(shared);
     let default = default.clone();
-    let mut counting = Box::pin(async move {
-        let broker = &shared.broker;
-        let (using, watching) = tokio::join!(
-            broker.attach_kept(&default, TubeRef::Using),
-            broker.attach_kept(&default, TubeRef::Watching)
-        );
-        if let Err(e) = using.and(watching) {
-            warn!(conn = id, error = %e, "cannot count a new connection's use of `default`");
+    without_waiting(
+        id,
+        "cannot count a new connection's use of `default`",
+        async move {
+            let broker = &shared.broker;
+            let (using, watching) = tokio::join!(
+                broker.attach_kept(&default, TubeRef::Using),
+                broker.attach_kept(&default, TubeRef::Watching)
+            );
+            using.and(watching)
+        },
+    );
+}
+
+/// Hands `work` (a change of a tube's count) to the store without waiting
+/// for its answer: one poll here, so that the store has it before anything
+/// the connection asks next, and the rest in a task of its own, which logs
+/// a failure as `what` (the store puts its counts right by itself).
+pub(super) fn without_waiting(
+    id: ConnId,
+    what: &'static str,
+    work: impl Future<Output = StoreResult<()>> + Send + 'static,
+) {
+    let mut work = Box::pin(async move {
+        if let Err(e) = work.await {
+            warn!(conn = id, error = %e, "{what}");
         }
     });
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    if counting.as_mut().poll(&mut cx).is_pending() {
-        tokio::spawn(counting);
+    if work.as_mut().poll(&mut cx).is_pending() {
+        tokio::spawn(work);
     }
 }
 

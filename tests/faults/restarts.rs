@@ -499,18 +499,29 @@ async fn a_process_taken_for_dead_counts_its_connections_again() {
 
 /// A `watch` or `use` answered `INTERNAL_ERROR` (Redis hung) leaves no count
 /// behind, whether Redis made the change after all or not: the tube goes
-/// once the connection has gone, as on beanstalkd.
+/// once the connection has gone, as on beanstalkd. An `ignore` does not
+/// wait for Redis: it cannot fail (it answered `INTERNAL_ERROR` and was
+/// carried out all the same).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_watch_or_use_leaves_no_count_behind() {
     let redis = RedisServer::start(&[]);
     let a = Daemon::redis(&redis.url).await;
     let mut c = a.client().await;
     let mut other = a.client().await;
+    assert_eq!(c.cmd("watch left").await, "WATCHING 2");
     redis.signal(libc::SIGSTOP);
     assert_eq!(c.cmd("watch leak-w").await, "INTERNAL_ERROR");
     assert_eq!(c.cmd("use leak-u").await, "INTERNAL_ERROR");
+    let asked = Instant::now();
+    assert_eq!(c.cmd("ignore left").await, "WATCHING 1");
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
     redis.signal(libc::SIGCONT);
     assert_eq!(c.cmd("list-tube-used").await, "USING default");
+    assert_eq!(c.yaml("list-tubes-watched").await.items, ["default"]);
     drop(c);
     let start = Instant::now();
     loop {
