@@ -1272,27 +1272,6 @@ impl Store for RedisStore {
         Some(MAX_SLEEP)
     }
 
-    /// On one Redis, a reserve a tube's rate held back is served by the
-    /// tick after the next second of Redis's clock begins; nothing tells
-    /// this process's timer of it (a shard of a cluster does). The reply
-    /// does not say whether a rate held it back, so after any reserve that
-    /// took less than it asked the timer ticks as the next second begins:
-    /// at most one tick a second more than it makes anyway, and only while
-    /// reserves come back short. Before, a held-back worker waited for the
-    /// timer's idle tick, up to a second later.
-    fn held_back(&self) -> Option<Duration> {
-        if self.sharding.is_some() {
-            return None;
-        }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?;
-        // A few milliseconds in, for clocks a little apart; a tick too
-        // early finds the limit's end ahead and sleeps until it.
-        let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
-        Some(Duration::from_secs(1) - into + Duration::from_millis(2))
-    }
-
     fn call_limit(&self) -> Option<Duration> {
         Some(conn::CALL_TIMEOUT)
     }
