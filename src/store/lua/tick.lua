@@ -2,8 +2,9 @@
 -- Delayed jobs become ready; reserved jobs past their deadline come back
 -- (a timeout: ready, delayed by their backoff, or buried if they used up
 -- their tries); paused tubes whose pause ended resume. It also renews this
--- process's alive mark and forgets the processes whose mark expired: their
--- tube users stop counting, and tubes left with no users or jobs go away.
+-- process's alive mark and forgets the processes whose mark has been
+-- missing for a while: their tube users stop counting, and tubes left with
+-- no users or jobs go away.
 -- Args: batch, process
 -- Returns {next, lost, tube...}: microseconds until the next due time (0:
 -- call again now; -1: nothing pending), 1 if the process's use and watch
@@ -11,6 +12,7 @@
 -- Due times are whole milliseconds; the wait is counted to the
 -- microsecond, so the timer wakes as the millisecond begins, not up to one
 -- later.
+
 -- Set by the heartbeat when the process's counts are gone from Redis.
 local lost_refs = 0
 
