@@ -112,6 +112,9 @@ impl<S: Store> Broker<S> {
     async fn pass(&self, tubes: &[Tube]) {
         let mut tubes = tubes.to_vec();
         let mut next = 0;
+        // Whether a waiter got nothing: perhaps a rate held it back, which
+        // the timer must then see to as the rate's second ends.
+        let mut short = false;
         while let Some(tube) = tubes.get(next).cloned() {
             next += 1;
             let mut round = FIRST_ROUND;
@@ -145,6 +148,7 @@ impl<S: Store> Broker<S> {
                         Ok(None) => {
                             self.waiters.found_empty(&head.tubes, look);
                             all = false;
+                            short = true;
                         }
                         Err(e) => {
                             warn!(%tube, error = %e, "cannot hand out jobs");
@@ -160,6 +164,9 @@ impl<S: Store> Broker<S> {
                     round = (round * 2).min(MAX_ROUND);
                 }
             }
+        }
+        if short {
+            self.wake_if_held_back();
         }
     }
 

@@ -152,7 +152,7 @@ impl<S: Store> Broker<S> {
 
     /// After a reserve that took less than it asked for: if a rate limit
     /// held it back, the timer serves the waiting workers when it ends.
-    fn wake_if_held_back(&self) {
+    pub(super) fn wake_if_held_back(&self) {
         if let Some(after) = self.store.held_back() {
             self.alarm.schedule(after);
         }

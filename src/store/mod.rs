@@ -297,8 +297,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// How soon the timer must look at the store again, if a reserve that
     /// found nothing was held back by a rate limit: its waiting workers are
-    /// served when the limit's second ends. An engine whose timer wakes
-    /// often enough by itself ([`Store::max_sleep`]) may leave it out.
+    /// served when the limit's second ends. (A timer that wakes once a
+    /// second by itself, [`Store::max_sleep`], is not enough: it wakes
+    /// anywhere in the second, not as it begins.)
     fn held_back(&self) -> Option<Duration> {
         None
     }

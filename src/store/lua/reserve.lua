@@ -1,20 +1,27 @@
 -- reserve: take the most urgent ready job of the unpaused tubes given
 -- whose rate limit allows another reserve this second.
 -- Args: owner, the tubes separated by spaces (no tube name has one)
--- Returns {id, tube, body, ttr} or false.
+-- Returns {id, tube, body, ttr}; or, when it took nothing, 0 if a tube's
+-- rate held it back (so that the caller's timer serves the waiting workers
+-- as the next second begins: on one Redis nothing else tells it), else
+-- false.
 OPS.reserve = function(owner, tubes)
   if not string.find(tubes, ' ', 1, true) then
     -- One tube, the usual case: pop its first job in one step.
     local tube = tubes
-    if paused(tube) or rate_used_up(tube) then return false end
+    if paused(tube) then return false end
+    if rate_used_up(tube) then return 0 end
     local key = redis.call('ZPOPMIN', tube_key('ready', tube))[1]
     if key == nil then return false end
     count_reserve(tube)
     return reserve_key(key, load(key), owner, true)
   end
   local best_key, best_pri
+  local held = false
   for tube in string.gmatch(tubes, '[^ ]+') do
-    if not paused(tube) and not rate_used_up(tube) then
+    local limited = not paused(tube) and rate_used_up(tube)
+    held = held or limited
+    if not paused(tube) and not limited then
       local first = redis.call('ZRANGE', tube_key('ready', tube), 0, 0, 'WITHSCORES')
       if first[1] then
         local pri = tonumber(first[2])
@@ -24,7 +31,7 @@ OPS.reserve = function(owner, tubes)
       end
     end
   end
-  if best_key == nil then return false end
+  if best_key == nil then return held and 0 or false end
   local job = load(best_key)
   count_reserve(job[TUBE])
   return reserve_key(best_key, job, owner, false)

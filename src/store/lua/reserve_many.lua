@@ -4,7 +4,8 @@
 -- least urgent priority to take ('' for any): on a shard of a cluster, the
 -- priority of the best job another shard has, so that a batch taken from
 -- several shards keeps to priority order (see `reserve_sharded`)
--- Returns a list of {id, tube, body, ttr}, possibly empty.
+-- Returns a list of {id, tube, body, ttr}, possibly empty, and 0 after
+-- them if a tube's rate held back the rest (see `reserve`).
 OPS.reserve_many = function(owner, tubes, most, upto)
   most, upto = tonumber(most), tonumber(upto)
   local one = not string.find(tubes, ' ', 1, true)
@@ -51,6 +52,10 @@ OPS.reserve_many = function(owner, tubes, most, upto)
       if first[2] == nil or tonumber(first[2]) > upto then break end
     end
     local got = OPS.reserve(owner, tubes)
+    if got == 0 then
+      out[#out + 1] = 0
+      break
+    end
     if not got then break end
     out[#out + 1] = got
   end

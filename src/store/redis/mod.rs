@@ -139,6 +139,9 @@ pub struct RedisStore {
     /// ([`RedisStore::rescan`]), and whether they are being asked.
     rescanning: tokio::sync::Mutex<()>,
     scanning: AtomicBool,
+    /// Whether a reserve since the timer last asked ([`Store::held_back`])
+    /// took less than it wanted because a tube's rate was used up.
+    held_back: AtomicBool,
     /// Changes of the tubes' use and watch counts, gathered.
     refs: Refs,
     events: Mutex<Option<mpsc::Receiver<StoreEvent>>>,
@@ -283,6 +286,7 @@ impl RedisStore {
             keys: tokio::sync::Mutex::new((0, 0)),
             rescanning: tokio::sync::Mutex::new(()),
             scanning: AtomicBool::new(false),
+            held_back: AtomicBool::new(false),
             refs,
             events: Mutex::new(Some(rx)),
             catch_up: catching_up,
@@ -526,11 +530,23 @@ impl RedisStore {
         upto: Option<u64>,
         tubes: &[Tube],
     ) -> StoreResult<Vec<Reserved>> {
+        // A tube's rate held the reserve back: the library says so by a 0
+        // in place of a job (or after the jobs of a batch).
+        let held = |v: &Value| {
+            let held = matches!(v, Value::Int(0));
+            if held {
+                self.held_back.store(true, Ordering::Relaxed);
+            }
+            held
+        };
         if max == 1 {
             // The common case has an operation of its own, which spares the
             // list around its one job.
             let args = vec![Arg::Owner(conn), names];
             let got = self.op_on(shard, Kind::Moves, "reserve", args).await?;
+            if held(&got) {
+                return Ok(Vec::new());
+            }
             return Ok(reserved(got, tubes)?.into_iter().collect());
         }
         let upto = upto.map_or(Arg::Static(""), Arg::Int);
@@ -538,6 +554,7 @@ impl RedisStore {
         let got = self.op_on(shard, Kind::Moves, "reserve_many", args).await?;
         let got: Vec<Value> = parse(got)?;
         got.into_iter()
+            .filter(|v| !held(v))
             .map(|v| reserved(v, tubes)?.ok_or_else(|| corrupt("reserve_many")))
             .collect()
     }
@@ -1270,6 +1287,24 @@ impl Store for RedisStore {
 
     fn max_sleep(&self) -> Option<Duration> {
         Some(MAX_SLEEP)
+    }
+
+    /// On one Redis, the tick that serves the workers a tube's rate held
+    /// back must come as the next second of Redis's clock begins, and
+    /// nothing else tells this process's timer of it (a shard of a cluster
+    /// does: `wake_by`). Without this a held-back worker waited for the
+    /// timer's idle tick, up to a second late.
+    fn held_back(&self) -> Option<Duration> {
+        if self.sharding.is_some() || !self.held_back.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?;
+        // A few milliseconds in, for clocks a little apart; a tick too
+        // early finds the limit's end ahead and sleeps until it.
+        let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
+        Some(Duration::from_secs(1) - into + Duration::from_millis(2))
     }
 
     fn call_limit(&self) -> Option<Duration> {
