@@ -20,6 +20,12 @@ use delayq::store::log::SyncPolicy;
 use delayq::store::memory::MemoryStore;
 use delayq::store::redis::RedisStore;
 
+/// What is logged unless `RUST_LOG` says otherwise. The redis crate's own
+/// warnings are left out: during a cluster failover it wrote one or two
+/// thousand of them in 3 s (each slot refresh, each failed connection),
+/// where delayq says what matters once a second.
+const DEFAULT_LOG: &str = "info,redis=error";
+
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
     if let Some(command) = flags.command.take() {
@@ -32,7 +38,7 @@ fn main() -> ExitCode {
     // error only means a provider was installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| DEFAULT_LOG.into()))
         .with_writer(std::io::stderr)
         .init();
     let settings = match flags.settings() {

@@ -30,6 +30,26 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+/// Whether `list-tube-used` gets its answer from `addr` within 3 s.
+async fn round_trip(addr: SocketAddr) -> bool {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let asked = async {
+        let mut stream = BufReader::new(TcpStream::connect(addr).await.ok()?);
+        stream
+            .get_mut()
+            .write_all(b"list-tube-used\r\n")
+            .await
+            .ok()?;
+        let mut line = String::new();
+        stream.read_line(&mut line).await.ok()?;
+        Some(line == "USING default\r\n")
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), asked).await,
+        Ok(Some(true))
+    )
+}
+
 /// A running `delayq` process on its own port; killed if still running
 /// when dropped.
 pub struct Daemon {
@@ -151,6 +171,30 @@ impl Daemon {
         // must not break the start-up instead, which then exits.
         daemon.client().await.tubes().await;
         daemon
+    }
+
+    /// Starts delayq with `args` (naming a Redis Cluster) and waits for a
+    /// round trip through it. The port opens before the engine has reached
+    /// the cluster, and a process started while a new cluster still settles
+    /// (several tests start theirs at once on two cores) may fail to reach
+    /// it in time and exit: it is started again, three times at most.
+    pub async fn cluster(args: &[&str]) -> Daemon {
+        let mut exited = None;
+        for _ in 0..3 {
+            let mut daemon = Daemon::start(args).await;
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(15) {
+                if let Some(status) = daemon.child.try_wait().expect("try_wait") {
+                    exited = Some(status);
+                    break;
+                }
+                if round_trip(daemon.addr).await {
+                    return daemon;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        panic!("delayq on the cluster kept exiting during start-up: {exited:?}");
     }
 
     pub async fn client(&self) -> Client {

@@ -18,7 +18,7 @@ use delayq::store::redis::{SHARDS, shard_of_key, shard_tag};
 use tokio::sync::watch;
 
 use crate::common::Client;
-use crate::common::cluster::{RedisCluster, blocking, start_shared};
+use crate::common::cluster::{RedisCluster, Shared, blocking, start_shared};
 use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::conn::{Gone, Io};
@@ -807,4 +807,143 @@ async fn a_reserve_that_would_not_wait_takes_what_another_process_just_put() {
         "{missed} of {ROUNDS} reserve-with-timeout 0 answered TIMED_OUT with a job put \
          through the other process ready"
     );
+}
+
+/// How a primary is made to fail over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failover {
+    /// Killed with SIGKILL; started again once its replica took over (it
+    /// comes back as a replica).
+    Killed,
+    /// Frozen with SIGSTOP until its replica took over, then thawed (it
+    /// finds it lost its slots, and becomes a replica).
+    Frozen,
+}
+
+/// Waits until `node`'s `ROLE` begins with `role`, at most a minute after
+/// `since`.
+async fn wait_for_role(
+    cluster: &Shared<RedisCluster>,
+    node: usize,
+    role: &'static str,
+    since: Instant,
+) {
+    loop {
+        let now = blocking(cluster, move |c| c.cli(node, &["ROLE"])).await;
+        if now.starts_with(role) {
+            return;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "node {node} is not {role} a minute after the fault: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// After a primary failed over, workers blocked on one process are told of
+/// jobs another process puts on that primary's former shards. The cluster
+/// client's own resubscription left those shards' channels with no
+/// subscriber after such a failover (the old primary, back as a replica,
+/// held delayq's subscription with no channels): the jobs stayed ready,
+/// unannounced, and the workers waited for ever.
+async fn failed_over_shards_reach_blocked_workers(how: Failover) {
+    let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
+    let (owners, control) = blocking(&cluster, |c| layout(c, PREFIX)).await;
+    let (node, replica) = blocking(&cluster, move |c| {
+        let node = c
+            .masters()
+            .into_iter()
+            .find(|&m| m != control)
+            .expect("another primary");
+        (node, c.replicas_of(node)[0])
+    })
+    .await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let args = ["--redis-cluster", seeds.as_str()];
+    let producer_side = Daemon::cluster(&args).await;
+    let worker_side = Daemon::cluster(&args).await;
+    let mut producer = producer_side.client().await;
+    assert_eq!(producer.cmd("use wake").await, "USING wake");
+    let mut ids = ids_on(owners, node, "wake");
+
+    let failed = Instant::now();
+    match how {
+        Failover::Killed => {
+            blocking(&cluster, move |c| c.kill(node)).await;
+            blocking(&cluster, move |c| c.wait_for_failover(node)).await;
+            blocking(&cluster, move |c| c.restart(node)).await;
+        }
+        Failover::Frozen => {
+            blocking(&cluster, move |c| c.stop(node)).await;
+            wait_for_role(&cluster, replica, "master", failed).await;
+            blocking(&cluster, move |c| c.cont(node)).await;
+            wait_for_role(&cluster, node, "slave", failed).await;
+        }
+    }
+    // The failed-over shards take puts again through the producer's side.
+    loop {
+        let id = ids.next().expect("an id");
+        let reply = producer.put_id(0, 0, 60, b"probe", &id).await;
+        if reply.starts_with("INSERTED ") {
+            assert_eq!(producer.cmd(&format!("delete {id}")).await, "DELETED");
+            break;
+        }
+        assert_eq!(reply, "INTERNAL_ERROR");
+        assert!(
+            failed.elapsed() < Duration::from_secs(60),
+            "puts on the failed-over shards still failed 60 s after the fault"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let healed = failed.elapsed();
+
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let mut w = worker_side.client().await;
+        assert_eq!(w.cmd("watch wake").await, "WATCHING 2");
+        assert_eq!(w.cmd("ignore default").await, "WATCHING 1");
+        w.send_line("reserve-with-timeout 30").await;
+        workers.push(w);
+    }
+    // Parked before the jobs come.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let put = Instant::now();
+    for n in 0..workers.len() {
+        let id = ids.next().expect("an id");
+        let reply = producer
+            .put_id(0, 0, 60, format!("job {n}").as_bytes(), &id)
+            .await;
+        assert!(reply.starts_with("INSERTED "), "{reply}");
+    }
+    for (n, w) in workers.iter_mut().enumerate() {
+        let line = w.line_within(Duration::from_secs(35)).await;
+        assert!(
+            line.starts_with("RESERVED "),
+            "worker {n}, blocked on the other process, answered {line} {:.1?} after jobs \
+             were put on the shards of the primary that failed over ({how:?})",
+            put.elapsed()
+        );
+        w.job_after("RESERVED", &line).await;
+    }
+    let served = put.elapsed();
+    assert!(
+        served < Duration::from_secs(5),
+        "the blocked workers got the jobs put on the failed-over shards only after \
+         {served:.1?} ({how:?})"
+    );
+    eprintln!(
+        "primary {how:?}: its shards took puts again {healed:.1?} after the fault; \
+         workers blocked on the other process served in {served:.2?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_primarys_shards_reach_workers_blocked_on_another_process() {
+    failed_over_shards_reach_blocked_workers(Failover::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_primarys_shards_reach_workers_blocked_on_another_process() {
+    failed_over_shards_reach_blocked_workers(Failover::Frozen).await;
 }

@@ -140,10 +140,18 @@ fn head(payload: &[u8]) -> Option<(u64, Tube, (u64, u64))> {
 pub(super) type CatchUps = mpsc::UnboundedSender<oneshot::Sender<()>>;
 
 /// Listens to every shard's channel of a cluster until `stop` (sharded
-/// pub/sub: each channel lives on its shard's primary, and the cluster
-/// client subscribes again after reconnections and failovers). A shard's
-/// news also goes into `sharding`: where ready jobs are, when it is due.
-/// After a disconnection every shard's news may have been missed, so the
+/// pub/sub: each channel lives on its shard's primary). A shard's news
+/// also goes into `sharding`: where ready jobs are, when it is due.
+///
+/// The subscriptions are made anew, on a fresh client with a fresh slot
+/// map, whenever they may have been lost: a connection dropped, a node
+/// unsubscribed a channel (a primary that became a replica does so), or a
+/// primary left a `PING` unanswered (a frozen primary drops nothing, and
+/// its replica takes over without it). The cluster client's own
+/// resubscription was not enough: after a primary was killed and came
+/// back as a replica, its shards' channels were left with no subscriber,
+/// and blocked workers were never told of their jobs. After every
+/// (re)subscription every shard's news may have been missed, so the
 /// hints are rebuilt and every shard ticked ([`StoreEvent::Resync`]).
 ///
 /// `catch_ups` ask for the news sent up to now: a `PING` goes to every
@@ -185,30 +193,43 @@ pub(super) async fn listen_shards(
             let mut asked: Vec<oneshot::Sender<()>> = Vec::new();
             let mut pinged: Vec<oneshot::Sender<()>> = Vec::new();
             let mut ping: Option<BoxFuture<'static, bool>> = None;
+            let mut check = tokio::time::interval(CHECK_EVERY);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            check.tick().await;
+            let mut checking = false;
             loop {
                 tokio::select! {
                     msg = pushed.recv() => match msg {
-                        Some(msg) => take(msg, &channels, &sharding, &tx).await,
+                        Some(msg) => {
+                            if let Err(why) = take(msg, &channels, &sharding, &tx).await {
+                                return Err(lost(why));
+                            }
+                        }
                         None => break,
                     },
                     Some(done) = catch_ups.recv() => asked.push(done),
+                    _ = check.tick(), if ping.is_none() => checking = true,
                     answered = async { ping.as_mut().expect("a PING is out").await },
                         if ping.is_some() =>
                     {
                         ping = None;
                         while let Ok(msg) = pushed.try_recv() {
-                            take(msg, &channels, &sharding, &tx).await;
-                        }
-                        // Unanswered (dropped) if a primary did not answer:
-                        // the reserves go on with what is known.
-                        for done in pinged.drain(..) {
-                            if answered {
-                                let _ = done.send(());
+                            if let Err(why) = take(msg, &channels, &sharding, &tx).await {
+                                return Err(lost(why));
                             }
+                        }
+                        if !answered {
+                            // The reserves waiting go on with what is known
+                            // (their requests are dropped unanswered).
+                            return Err(lost("a primary did not answer a PING"));
+                        }
+                        for done in pinged.drain(..) {
+                            let _ = done.send(());
                         }
                     }
                 }
-                if ping.is_none() && !asked.is_empty() {
+                if ping.is_none() && (checking || !asked.is_empty()) {
+                    checking = false;
                     pinged = std::mem::take(&mut asked);
                     let mut conn = conn.clone();
                     ping = Some(Box::pin(async move {
@@ -235,22 +256,36 @@ pub(super) async fn listen_shards(
     }
 }
 
-/// Takes in one message of the shards' channels.
+/// How often the shards' primaries are asked for a `PING` on the
+/// subscriptions' connections when nothing else asks: one per primary
+/// every 2 s, so that a frozen primary's failover is noticed within about
+/// 4 s (the `PING`'s own time limit included).
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Why the subscriptions are made anew, as an error of the session.
+fn lost(why: &str) -> RedisError {
+    RedisError::from(std::io::Error::other(format!(
+        "{why}; subscribing to every shard again"
+    )))
+}
+
+/// Takes in one message of the shards' channels; an error says that some
+/// subscriptions may be lost.
 async fn take(
     msg: PushInfo,
     channels: &[String],
     sharding: &Sharding,
     tx: &mpsc::Sender<StoreEvent>,
-) {
+) -> Result<(), &'static str> {
     match msg.kind {
         PushKind::SMessage => {
             let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
                 (msg.data.first(), msg.data.get(1))
             else {
-                return;
+                return Ok(());
             };
             let Some(shard) = channels.iter().position(|c| c.as_bytes() == channel) else {
-                return;
+                return Ok(());
             };
             if let Some((at, t, first)) = head(payload) {
                 sharding.head(shard, at, &t, Some(first));
@@ -268,14 +303,20 @@ async fn take(
                 }
             }
         }
-        PushKind::Disconnection => {
-            // The client subscribes again by itself; what was said
-            // meanwhile is lost.
-            sharding.forget_all();
-            let _ = tx.send(StoreEvent::Resync).await;
+        PushKind::Disconnection => return Err("a connection to a node was lost"),
+        // Sent by a node that no longer serves the channel's slot (a
+        // primary turned replica, a slot moved), or in answer to an
+        // unsubscription, which delayq never sends.
+        PushKind::SUnsubscribe => {
+            let ours = matches!(msg.data.first(), Some(Value::BulkString(channel))
+                if channels.iter().any(|c| c.as_bytes() == channel));
+            if ours {
+                return Err("a node unsubscribed a shard's channel");
+            }
         }
         _ => {}
     }
+    Ok(())
 }
 
 #[cfg(test)]
