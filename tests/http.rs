@@ -617,3 +617,157 @@ async fn openapi_lists_every_route(backend: Backend) {
         );
     }
 }
+
+/// Sends `request` on a fresh connection to the server's HTTP port and
+/// reads what comes back within `limit`: the text, and whether the server
+/// closed the connection.
+async fn raw_exchange(server: &TestServer, request: &[u8], limit: Duration) -> (String, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = server.http_url().trim_start_matches("http://").to_string();
+    let mut socket = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    socket.write_all(request).await.expect("send");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match tokio::time::timeout_at(tokio::time::Instant::now() + limit, socket.read(&mut buf))
+            .await
+        {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// A request whose body never comes is answered 408 once the body's time
+/// is up, and its connection closed: it held one of the capped connections
+/// for ever.
+#[tokio::test]
+async fn a_body_that_never_comes_is_answered_in_time() {
+    let server = TestServer::start_http(Backend::Memory).await;
+    let started = Instant::now();
+    let (reply, closed) = raw_exchange(
+        &server,
+        b"POST /v1/tubes/x/jobs HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"bo",
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 408 "), "{reply:?}");
+    assert!(closed, "the connection stayed open after the 408");
+    assert_between("the 408", started.elapsed(), SEC * 9, SEC * 13);
+}
+
+/// A body declared larger than any job could make it is refused before a
+/// byte of it is read (it was waited for).
+#[tokio::test]
+async fn a_body_declared_too_big_is_refused_at_once() {
+    let server = TestServer::start_http(Backend::Memory).await;
+    for declared in ["99999999999", "500000"] {
+        let request = format!(
+            "POST /v1/tubes/x/jobs HTTP/1.1\r\nhost: x\r\ncontent-length: {declared}\r\n\r\n"
+        );
+        let (reply, _) = raw_exchange(&server, request.as_bytes(), SEC * 2).await;
+        assert!(reply.starts_with("HTTP/1.1 413 "), "{declared}: {reply:?}");
+        assert!(reply.contains("JOB_TOO_BIG"), "{reply:?}");
+    }
+}
+
+/// A client that asks for many large jobs and never reads the reply is
+/// disconnected once the reply has been stuck for a while, which frees the
+/// reply's memory (several times the jobs' size, once escaped; it was held
+/// for as long as the client kept the connection). The jobs stay reserved
+/// by HTTP until their TTR, as any job reserved over HTTP.
+#[tokio::test]
+async fn a_reply_left_unread_is_given_up() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start_http(Backend::Memory).await;
+    let mut c = server.client().await;
+    assert_eq!(c.cmd("use big").await, "USING big");
+    // Each escapes to about 393 KB of JSON: far more than the sockets'
+    // buffers hold.
+    let body = vec![1u8; 65_535];
+    for _ in 0..40 {
+        c.put_ok(0, 0, 300, &body).await;
+    }
+    let addr = server.http_url().trim_start_matches("http://").to_string();
+    let mut reader = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    reader
+        .write_all(
+            b"POST /v1/tubes/big/reserve?count=40 HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await
+        .expect("send");
+    c.wait_stat("current-jobs-reserved", 40).await;
+    tokio::time::sleep(SEC * 14).await;
+    // Read now, the server must have given up: what the sockets held, then
+    // the end. (Still open, it would send the rest of the reply and keep
+    // the connection for the next request.)
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = loop {
+        match tokio::time::timeout(SEC * 5, reader.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => got += n,
+            Err(_) => break false,
+        }
+    };
+    assert!(
+        ended && got < 40 * 393_000,
+        "a reply left unread for 14 s was still being sent ({got} bytes read, ended: {ended})"
+    );
+    assert_eq!(c.stats().await.num("current-jobs-reserved"), 40);
+}
+
+/// Without tokens, a web page of another origin open in a browser on the
+/// machine could put, reserve and pause through the API: a form-like
+/// `POST` needs no CORS preflight. A browser says where a request comes
+/// from (`Sec-Fetch-Site`, `Origin`): from anywhere but the API's own
+/// origin, it is refused. Clients that are not browsers send neither.
+#[tokio::test]
+async fn requests_from_pages_of_other_origins_are_refused() {
+    let server = TestServer::start_http(Backend::Memory).await;
+    let http = reqwest::Client::new();
+    let own = server.http_url();
+    let put = |headers: &[(&str, &str)]| {
+        let mut r = http
+            .post(format!("{own}/v1/tubes/csrf/jobs"))
+            .header("content-type", "text/plain")
+            .body(r#"{"body":"planted"}"#);
+        for (name, value) in headers {
+            r = r.header(*name, *value);
+        }
+        r.send()
+    };
+    let refused = [
+        vec![("origin", "http://localhost:32091")],
+        vec![("origin", "null")],
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site"), ("origin", own.as_str())],
+    ];
+    for headers in &refused {
+        let response = put(headers).await.expect("answered");
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{headers:?}");
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body, json!({"success": false, "error": "FORBIDDEN"}));
+    }
+    let taken = [
+        vec![],
+        vec![("origin", own.as_str())],
+        // Behind a proxy that rewrote `Host`, the browser still says so.
+        vec![
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "https://queue.example"),
+        ],
+    ];
+    for headers in &taken {
+        let response = put(headers).await.expect("answered");
+        assert_eq!(response.status(), StatusCode::CREATED, "{headers:?}");
+    }
+    let mut c = server.client().await;
+    assert_eq!(c.stats_tube("csrf").await.num("total-jobs"), 3);
+}

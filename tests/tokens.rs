@@ -30,6 +30,7 @@ backend_tests!(
     json_commands_carry_their_token,
     a_wrong_token_on_a_json_command_runs_nothing,
     http_needs_a_bearer_token,
+    wrong_http_tokens_on_one_connection_wait_longer_each_time,
     with_tokens_off_auth_is_accepted,
     with_tokens_off_a_json_token_is_ignored,
 );
@@ -279,6 +280,17 @@ async fn http_needs_a_bearer_token(backend: Backend) {
     assert_eq!(response.status(), StatusCode::CREATED);
     let body: Value = response.json().await.expect("JSON");
     let id = body["id"].as_str().expect("an id").to_string();
+    // The scheme's name in any case, as HTTP has it.
+    for scheme in ["bearer", "BEARER"] {
+        let response = http
+            .post(format!("{base}/tubes/team-a%2Fx/jobs"))
+            .header("authorization", format!("{scheme} team-a-secret"))
+            .json(&json!({"body": "hi"}))
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), StatusCode::CREATED, "{scheme}");
+    }
     // Another team's token: the tube is forbidden, the job not there.
     let response = http
         .post(format!("{base}/tubes/team-a%2Fx/reserve"))
@@ -474,4 +486,77 @@ async fn openapi_lists_every_refusal() {
             listed("403")
         );
     }
+}
+
+/// Sends one request with `token` on `socket` (kept alive) and returns its
+/// status and how long the answer took.
+async fn timed_put(
+    socket: &mut tokio::io::BufReader<tokio::net::TcpStream>,
+    token: &str,
+) -> (u16, Duration) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let body = r#"{"body":"hi"}"#;
+    let request = format!(
+        "POST /v1/tubes/team-a%2Fx/jobs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let asked = std::time::Instant::now();
+    socket
+        .get_mut()
+        .write_all(request.as_bytes())
+        .await
+        .expect("send");
+    let mut status = String::new();
+    socket.read_line(&mut status).await.expect("a status line");
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        socket.read_line(&mut line).await.expect("a header line");
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(n) = line.to_ascii_lowercase().strip_prefix("content-length: ") {
+            length = n.trim().parse().expect("a length");
+        }
+    }
+    let mut rest = vec![0; length];
+    socket.read_exact(&mut rest).await.expect("the body");
+    let code = status
+        .split(' ')
+        .nth(1)
+        .expect("a status")
+        .parse()
+        .expect("a number");
+    (code, asked.elapsed())
+}
+
+/// Wrong tokens over HTTP wait longer each time on one connection, as
+/// `auth` does on a text connection (each request was a session of its
+/// own, which started counting afresh: every guess waited 0.1 s).
+async fn wrong_http_tokens_on_one_connection_wait_longer_each_time(backend: Backend) {
+    let server = server(backend, true).await;
+    let addr = server.http_url().trim_start_matches("http://").to_string();
+    let mut socket = tokio::io::BufReader::new(
+        tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect"),
+    );
+    let mut took = Vec::new();
+    for _ in 0..4 {
+        let (status, time) = timed_put(&mut socket, "guess").await;
+        assert_eq!(status, 401);
+        took.push(time);
+    }
+    // 0.1, 0.2, 0.4 and 0.8 s.
+    assert!(
+        took[3] >= Duration::from_millis(700),
+        "the fourth wrong token in a row waited {:?} ({took:?})",
+        took[3]
+    );
+    // A right one is let in, and starts the count again.
+    assert_eq!(timed_put(&mut socket, "team-a-secret").await.0, 201);
+    let (status, time) = timed_put(&mut socket, "guess").await;
+    assert_eq!(status, 401);
+    assert!(time < Duration::from_millis(400), "{time:?}");
 }

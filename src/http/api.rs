@@ -32,6 +32,7 @@
 //! a job already on its way.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -72,21 +73,75 @@ const OPENAPI: &str = include_str!("openapi.json");
 pub const MAX_WAIT: u32 = 300;
 
 tokio::task_local! {
-    /// The bearer token of the request being served, if it sent one: set
-    /// by [`bearer`] around every route, read by [`run`], which checks it
-    /// (rather than an argument threaded through every handler).
-    static BEARER: Option<Bytes>;
+    /// The bearer token of the request being served, if it sent one, and
+    /// its connection's [`Caller`]: set by [`bearer`] around every route,
+    /// read by [`run`], which checks the token (rather than arguments
+    /// threaded through every handler).
+    static BEARER: (Option<Bytes>, Option<Caller>);
 }
 
-/// Keeps the request's `Authorization: Bearer` token for [`run`].
+/// Who sends an HTTP connection's requests: the client's address, and the
+/// failed token checks in a row on the connection, which each wait longer
+/// (a text connection's do; each request here is a session of its own).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    peer: std::net::SocketAddr,
+    failures: Arc<AtomicU32>,
+}
+
+impl Caller {
+    /// A fresh connection's, from `peer`.
+    pub fn new(peer: std::net::SocketAddr) -> Caller {
+        Caller {
+            peer,
+            failures: Arc::new(AtomicU32::new(0)),
+        }
+    }
+}
+
+/// Keeps the request's `Authorization: Bearer` token for [`run`]; refuses
+/// a request a browser sent from a page of another origin.
 async fn bearer(request: Request, next: Next) -> Response {
+    if from_another_origin(request.headers()) {
+        return reply(Reply::Forbidden);
+    }
     let token = bearer_token(request.headers()).map(Bytes::copy_from_slice);
-    BEARER.scope(token, next.run(request)).await
+    let caller = request.extensions().get::<Caller>().cloned();
+    BEARER.scope((token, caller), next.run(request)).await
 }
 
-/// The token of an `Authorization: Bearer <token>` header, if there is one.
+/// Whether a browser sent the request from a page of another origin than
+/// the API's own. Without tokens nothing else would stop any web page open
+/// in a browser on the machine from putting, reserving or pausing: a
+/// form-like `POST` (`text/plain`, no custom header) needs no CORS
+/// preflight, and the API answers every such request. Browsers name the
+/// page's origin in `Origin` (on every `POST`) and say in `Sec-Fetch-Site`
+/// whether it is this one; clients that are not browsers send neither.
+/// The dashboard is served from the API's own origin. `Sec-Fetch-Site`
+/// is trusted when it is there (a proxy in front may rewrite `Host`); the
+/// browsers too old to send it are judged by `Origin` against `Host`.
+fn from_another_origin(headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return !matches!(site.as_bytes(), b"same-origin" | b"none");
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    // `scheme://host[:port]`, against the `Host` the browser sent to.
+    let authority = origin
+        .as_bytes()
+        .strip_prefix(b"http://")
+        .or_else(|| origin.as_bytes().strip_prefix(b"https://"));
+    let host = headers.get(header::HOST).map(|h| h.as_bytes());
+    !matches!((authority, host), (Some(a), Some(h)) if a.eq_ignore_ascii_case(h))
+}
+
+/// The token of an `Authorization: Bearer <token>` header, if there is one
+/// (the scheme's name in any case, as HTTP has it).
 pub(super) fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
-    (headers.get(header::AUTHORIZATION)).and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let (scheme, token) = value.split_at_checked(b"Bearer ".len())?;
+    scheme.eq_ignore_ascii_case(b"Bearer ").then_some(token)
 }
 
 /// A route: its path, its method, and what serves it.
@@ -165,11 +220,20 @@ async fn run<S: Store>(
     let tokens_on = shared.config.tokens.is_some();
     let mut session = Session::request(shared, HTTP_CONN, tube);
     if tokens_on {
+        let (token, caller) = BEARER.try_with(Clone::clone).unwrap_or_default();
         // A missing token is no guess: it is refused at once, unlogged.
-        let Some(token) = BEARER.try_with(Clone::clone).ok().flatten() else {
+        let Some(token) = token else {
             return Reply::Unauthorized;
         };
-        if session.authenticate(&token).await != Reply::Authenticated {
+        if let Some(caller) = &caller {
+            session.peer = Some(caller.peer);
+            session.set_failures(caller.failures.load(Ordering::Relaxed));
+        }
+        let authenticated = session.authenticate(&token).await;
+        if let Some(caller) = &caller {
+            caller.failures.store(session.failures(), Ordering::Relaxed);
+        }
+        if authenticated != Reply::Authenticated {
             return Reply::Unauthorized;
         }
     }

@@ -56,6 +56,13 @@ pub const HTTP_CONN: crate::store::ConnId = u64::MAX - 1;
 /// closed after this long. Any real client sends its head in one go.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest a client may leave its reply unread: a write that has taken no
+/// byte for this long fails, and the connection is closed. A client that
+/// asks for a hundred large jobs and never reads the reply would otherwise
+/// hold the reply (several times the jobs' size, once escaped) for as long
+/// as it keeps the connection; closed, the jobs it held are ready again.
+pub const UNREAD_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long shutdown waits for an HTTP connection to finish the request in
 /// flight (a long-poll may have minutes to go): a little less than the
 /// text server's 5 s, which also bounds this task, so that HTTP is done
@@ -139,8 +146,10 @@ pub async fn serve<S: Store>(
         let shutdown = shutdown.clone();
         match &tls {
             None => {
-                let conn = http
-                    .serve_connection(TokioIo::new(socket), TowerToHyperService::new(app.clone()));
+                let conn = http.serve_connection(
+                    TokioIo::new(Unread::new(socket)),
+                    WithCaller::new(&app, peer),
+                );
                 tracker.spawn(async move {
                     drive(conn, peer, &shutdown).await;
                     drop(permit);
@@ -150,8 +159,10 @@ pub async fn serve<S: Store>(
                 let (tls, http, app) = (tls.clone(), http.clone(), app.clone());
                 tracker.spawn(async move {
                     if let Some(stream) = tls.accept_http(socket, peer, &shutdown).await {
-                        let conn = http
-                            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+                        let conn = http.serve_connection(
+                            TokioIo::new(Unread::new(stream)),
+                            WithCaller::new(&app, peer),
+                        );
                         drive(conn, peer, &shutdown).await;
                     }
                     drop(permit);
@@ -168,7 +179,7 @@ pub async fn serve<S: Store>(
 /// Serves one HTTP connection to its end, or until `shutdown` and a grace
 /// after it.
 async fn drive<IO>(
-    conn: http1::Connection<TokioIo<IO>, TowerToHyperService<Router>>,
+    conn: http1::Connection<TokioIo<Unread<IO>>, WithCaller>,
     peer: SocketAddr,
     shutdown: &CancellationToken,
 ) where
@@ -237,4 +248,127 @@ fn refuse(socket: TcpStream, tls: bool, lingering: &Arc<Semaphore>, tracker: &Ta
         let _ = tokio::time::timeout(LINGER, drain).await;
         drop(permit);
     });
+}
+
+/// An HTTP connection's stream, whose writes fail once one has been
+/// blocked for [`UNREAD_TIMEOUT`] (the client reads nothing).
+struct Unread<IO> {
+    io: IO,
+    /// When the write blocked since then is given up.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<IO> Unread<IO> {
+    fn new(io: IO) -> Unread<IO> {
+        Unread { io, stalled: None }
+    }
+
+    /// What a write that got `polled` answers: blocked too long, an error.
+    fn limit<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(UNREAD_TIMEOUT)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client left its reply unread",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Unread<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Unread<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        self.limit(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.limit(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_flush(cx);
+        self.limit(cx, polled)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_shutdown(cx);
+        self.limit(cx, polled)
+    }
+}
+
+/// The app for one connection: each request carries the connection's
+/// [`api::Caller`], so that a failed token check is logged with the
+/// client's address and slowed down by the failures before it on the
+/// connection, as on a text connection (each request is a session of its
+/// own).
+struct WithCaller {
+    app: TowerToHyperService<Router>,
+    caller: api::Caller,
+}
+
+impl WithCaller {
+    fn new(app: &Router, peer: SocketAddr) -> WithCaller {
+        WithCaller {
+            app: TowerToHyperService::new(app.clone()),
+            caller: api::Caller::new(peer),
+        }
+    }
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for WithCaller {
+    type Response = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<hyper::body::Incoming>,
+    >>::Response;
+    type Error = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<hyper::body::Incoming>,
+    >>::Error;
+    type Future = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<hyper::body::Incoming>,
+    >>::Future;
+
+    fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        request.extensions_mut().insert(self.caller.clone());
+        self.app.call(request)
+    }
 }

@@ -195,6 +195,18 @@ impl<S: Store> Session<S> {
         }
     }
 
+    /// Failed `auth` attempts in a row so far. An HTTP connection keeps
+    /// them across its requests, each a session of its own.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// Starts the count of failed attempts in a row at `n` (see
+    /// [`Session::failures`]).
+    pub fn set_failures(&mut self, n: u32) {
+        self.failures = n;
+    }
+
     /// A timer set to go off `limit` from now, for one command, to be
     /// given back with [`Session::keep_watchdog`]; `None` without a limit.
     ///

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
-use axum::http::Uri;
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::Response;
 use bytes::BytesMut;
 use futures_util::StreamExt;
@@ -64,10 +64,18 @@ async fn one_param<St: Send + Sync>(parts: &mut Parts, state: &St) -> Result<Str
 ///
 /// The body is read only up to the longest a JSON-lines command may be
 /// ([`Limits::json_line`]: room for the largest job even if every byte of
-/// it is escaped): past that it is `JOB_TOO_BIG` at once, so a request
-/// holds at most that much memory. A body that is not a JSON object is
+/// it is escaped): past that it is `JOB_TOO_BIG` at once (a `Content-Length`
+/// over it before a byte of the body is read), so a request holds at most
+/// that much memory. It must arrive within [`BODY_TIMEOUT`], or the request
+/// is answered 408 and its connection closed: a client that declares a
+/// body and never sends it would otherwise hold its connection, one of the
+/// capped number, for ever. A body that is not a JSON object is
 /// `BAD_FORMAT`.
 pub struct Fields(pub Map<String, Value>);
+
+/// Longest a request's body may take to arrive, from when its head was
+/// read: as long as the head itself may take ([`crate::http::HEADER_TIMEOUT`]).
+pub const BODY_TIMEOUT: std::time::Duration = crate::http::HEADER_TIMEOUT;
 
 impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
     type Rejection = Response;
@@ -77,7 +85,18 @@ impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
             max_job_size: state.config.max_job_size,
         }
         .json_line();
-        let bytes = read_body(req.into_body(), limit).await.map_err(refuse)?;
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| parse_u64(v.as_bytes()));
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(refuse(ClientError::JobTooBig));
+        }
+        let bytes =
+            match tokio::time::timeout(BODY_TIMEOUT, read_body(req.into_body(), limit)).await {
+                Ok(read) => read.map_err(refuse)?,
+                Err(_) => return Err(too_slow()),
+            };
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Fields(Map::new()));
         }
@@ -86,6 +105,17 @@ impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
             _ => Err(refuse(ClientError::BadFormat)),
         }
     }
+}
+
+/// The answer to a body that did not arrive in time: 408, `BAD_FORMAT`,
+/// and the connection closed (the rest of the body may still come).
+fn too_slow() -> Response {
+    let mut response = refuse(ClientError::BadFormat);
+    *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// The whole body, if it is at most `limit` bytes.
