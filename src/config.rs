@@ -97,12 +97,18 @@ pub struct Flags {
     pub data_dir: Option<PathBuf>,
     /// Answer a change once its record is written, and sync at most every MS
     /// milliseconds (beanstalkd's -f). Without -f or -F, a change is synced
-    /// before it is answered; -f 0 is the same.
-    #[arg(short = 'f', long = "fsync-every", value_name = "MS")]
+    /// before it is answered; -f 0 is the same. Of -f and -F, the last
+    /// given wins, as in beanstalkd.
+    #[arg(
+        short = 'f',
+        long = "fsync-every",
+        value_name = "MS",
+        overrides_with = "no_fsync"
+    )]
     pub fsync_every: Option<u64>,
     /// Never sync the log (beanstalkd's -F): a crash of the host may lose
     /// any change; a crash of delayq alone loses nothing answered.
-    #[arg(short = 'F', long = "no-fsync")]
+    #[arg(short = 'F', long = "no-fsync", overrides_with = "fsync_every")]
     pub no_fsync: bool,
     /// The size of each log file, in bytes (beanstalkd's -s).
     #[arg(short = 's', long = "log-file-size", value_name = "BYTES", default_value_t = DEFAULT_FILE_SIZE)]
@@ -253,9 +259,6 @@ impl Flags {
                 "-z is above the ceiling; using {MAX_JOB_SIZE_CEILING}"
             );
             max_job_size = MAX_JOB_SIZE_CEILING;
-        }
-        if self.fsync_every.is_some() && self.no_fsync {
-            return Err("-f and -F contradict each other: sync every MS ms, or never".into());
         }
         let urls = |list: &str| -> Result<Vec<String>, String> {
             let urls: Vec<String> = list
@@ -420,7 +423,13 @@ mod tests {
             SyncPolicy::Every(Duration::from_millis(5))
         );
         assert!(durable(&["--salvage"]).salvage);
-        assert!(settings(&["-f", "5", "-F"]).is_err());
+        // The last of -f and -F wins, as in beanstalkd.
+        assert_eq!(durable(&["-f", "5", "-F"]).policy, SyncPolicy::Never);
+        assert_eq!(
+            durable(&["-F", "-f", "50"]).policy,
+            SyncPolicy::Every(Duration::from_millis(50))
+        );
+        assert_eq!(durable(&["-F", "-f", "0"]).policy, SyncPolicy::Always);
         assert!(settings(&["--in-memory", "-b", "d"]).is_err());
         assert!(settings(&["--redis", "redis://x", "-b", "d"]).is_err());
     }

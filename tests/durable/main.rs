@@ -12,6 +12,7 @@ mod common;
 mod damage;
 mod disk;
 mod failure;
+mod missing;
 mod order;
 mod recycle;
 mod restart;

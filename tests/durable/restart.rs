@@ -558,3 +558,17 @@ async fn a_job_held_on_its_last_try_gets_its_try_back_after_a_restart() {
         assert_eq!(c.stats_job(&id).await.get("buried-because"), "tries");
     }
 }
+
+/// `-s` below what the largest job and a header need is raised, and the
+/// log says so rather than leaving the files larger than asked in silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_file_size_too_small_is_raised_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let log = scratch.path().join("delayq.log");
+    let daemon = Daemon::durable_logged(dir.path(), &["-s", "1000"], &log).await;
+    let mut c = daemon.client().await;
+    c.put_ok(0, 0, 60, b"fits").await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("-s is too small"), "{said}");
+}

@@ -31,14 +31,14 @@ fn seq(data: &[u8], frame: (usize, usize)) -> u64 {
 }
 
 /// Stops the server as a deploy does, and waits until it has gone.
-fn stop(mut daemon: Daemon) {
+pub(crate) fn stop(mut daemon: Daemon) {
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait_exit().success(), "delayq did not stop cleanly");
 }
 
 /// Puts and deletes 700-byte jobs until a snapshot has dropped the first
 /// log file, which takes compaction.
-async fn churn_until_compacted(c: &mut Client, dir: &Path) {
+pub(crate) async fn churn_until_compacted(c: &mut Client, dir: &Path) {
     let first = log_files(dir);
     assert!(!first.is_empty(), "no log files in {dir:?}");
     let filler = vec![b'f'; 700];

@@ -14,7 +14,7 @@
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
-use super::files::{HEADER, Kind, header};
+use super::files::{HEADER, Head, Kind, header};
 use super::record::{DELETE_LEN, encode_sized, encoded_len, weight, weight_sized};
 use super::writer::{Buf, Chunk, Shared};
 use crate::error::{StoreError, StoreResult};
@@ -107,6 +107,11 @@ impl<'a> Appender<'a> {
                 offset: 0,
                 bytes,
                 opens: Some(spare),
+                head: Some(Head {
+                    number: b.number,
+                    next_key: b.next_key,
+                    file_size: size,
+                }),
             });
             // Compact once the dead records outweigh both the live ones (so
             // the work is paid for by as many writes as it copies) and one
@@ -128,6 +133,7 @@ impl<'a> Appender<'a> {
                 offset: b.used,
                 bytes,
                 opens: None,
+                head: None,
             });
         }
         let seq = b.next_seq;
@@ -139,6 +145,7 @@ impl<'a> Appender<'a> {
         b.used += len;
         b.appended += len;
         if let (Class::Put, Record::Job(job)) = (class, record) {
+            b.next_key = b.next_key.max(job.meta.key + 1);
             b.live_jobs += 1;
             b.live_bytes += weight_sized(job, length) as u64;
             if b.spares.len() < spares_needed(b, size) {

@@ -6,6 +6,8 @@
 //! log.<16 hex digits>       a log file, numbered from 1 up, no number skipped
 //! snapshot.<16 hex digits>  every job as of the record number in its name
 //! spare.<n>                 a file made ready to become the next log file
+//! head                      the newest log file begun (see [`Head`])
+//! *.damaged                 a file with a bad header, set aside by --salvage
 //! *.tmp                     being written; a leftover one is removed at start
 //! ```
 //!
@@ -89,17 +91,24 @@ pub fn snapshot_path(dir: &Path, start: u64) -> PathBuf {
 /// What a data directory holds.
 #[derive(Debug, Default)]
 pub struct Listing {
+    /// The directory.
+    pub dir: PathBuf,
     /// Log files by number, in order.
     pub logs: Vec<(u64, PathBuf)>,
     /// Snapshots by start, in order.
     pub snapshots: Vec<(u64, PathBuf)>,
     /// Spare files.
     pub spares: Vec<PathBuf>,
+    /// The head file, as read (`None`: there is none), and its generation.
+    pub head: Option<Result<(Head, u64), String>>,
 }
 
 /// Lists `dir`, removing leftover `*.tmp` files.
 pub fn list(dir: &Path) -> io::Result<Listing> {
-    let mut listing = Listing::default();
+    let mut listing = Listing {
+        dir: dir.to_path_buf(),
+        ..Listing::default()
+    };
     for entry in fs::read_dir(dir)? {
         let path = entry?.path();
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
@@ -118,6 +127,8 @@ pub fn list(dir: &Path) -> io::Result<Listing> {
             listing.snapshots.push((start, path));
         } else if name.starts_with("spare.") {
             listing.spares.push(path);
+        } else if name == HEAD_FILE {
+            listing.head = Some(read_head(&path));
         }
     }
     listing.logs.sort();
@@ -188,6 +199,142 @@ fn prepare(path: &Path, size: u64, head: &[u8]) -> io::Result<File> {
     Ok(file)
 }
 
+/// The file that names the newest log file begun.
+///
+/// Without it, a start cannot tell a directory whose newest log files were
+/// lost from one that never had them: the series simply ends sooner, and
+/// the jobs (and server ids) of those files would be forgotten silently.
+/// It is a lower bound, and every crash order keeps it one: it is
+/// rewritten only once the new log file's name is on disk (renamed, the
+/// directory synced), so after a crash it names that file or the one
+/// before, never one not yet there. (A record at the end of each finished
+/// file naming its successor was the other way considered: it says nothing
+/// once compaction has removed the files before the current one, the very
+/// case of a snapshot followed by one log file, and it would cost a sync
+/// of the old file after the new one is named.)
+///
+/// It is overwritten in place, never replaced by a new file: on a full
+/// disk a new file may find no block, and a log that cannot begin its
+/// next file would stop taking changes. So it holds two copies, in
+/// different sectors, each with a checksum and a generation; a write goes
+/// to the older copy, so a torn write leaves the newer one whole (naming
+/// the file before: still a lower bound).
+pub const HEAD_FILE: &str = "head";
+const HEAD_MAGIC: &[u8; 8] = b"DELAYQHD";
+const HEAD_LEN: usize = 48;
+/// Where the two copies lie: a sector apart.
+const HEAD_SLOTS: [u64; 2] = [0, 512];
+const HEAD_SIZE: u64 = 1024;
+
+/// What the head file says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    /// The newest log file begun: every log file up to it was on disk.
+    pub number: u64,
+    /// A server id at or above every one handed out before that file
+    /// began (the next one a put would take then).
+    pub next_key: u64,
+    /// The size of the log files it is written with: how many puts that
+    /// file can hold at most, should it be lost.
+    pub file_size: u64,
+}
+
+fn encode_head(head: &Head, generation: u64) -> [u8; HEAD_LEN] {
+    let mut b = [0u8; HEAD_LEN];
+    b[..8].copy_from_slice(HEAD_MAGIC);
+    b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    b[16..24].copy_from_slice(&generation.to_le_bytes());
+    b[24..32].copy_from_slice(&head.number.to_le_bytes());
+    b[32..40].copy_from_slice(&head.next_key.to_le_bytes());
+    b[40..48].copy_from_slice(&head.file_size.to_le_bytes());
+    let crc = crc32c::crc32c(&b[16..]);
+    b[12..16].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn decode_head(b: &[u8]) -> Option<(Head, u64)> {
+    let b = b.get(..HEAD_LEN)?;
+    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
+    (&b[..8] == HEAD_MAGIC && crc == crc32c::crc32c(&b[16..])).then(|| {
+        let head = Head {
+            number: word(24),
+            next_key: word(32),
+            file_size: word(40),
+        };
+        (head, word(16))
+    })
+}
+
+/// Reads a head file: the copy of the highest generation; the error says
+/// that neither copy is whole.
+pub fn read_head(path: &Path) -> Result<(Head, u64), String> {
+    let data = fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    HEAD_SLOTS
+        .iter()
+        .filter_map(|&at| decode_head(data.get(at as usize..)?))
+        .max_by_key(|&(_, generation)| generation)
+        .ok_or_else(|| "neither of its two copies is whole".to_string())
+}
+
+/// The head file, open for rewriting.
+pub struct HeadFile {
+    file: File,
+    generation: u64,
+}
+
+impl HeadFile {
+    /// Opens the head file, whose newest copy is of `generation`.
+    pub fn open(dir: &Path, generation: u64) -> io::Result<HeadFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join(HEAD_FILE))?;
+        Ok(HeadFile { file, generation })
+    }
+
+    /// Makes a new head file saying `head` (both copies), its blocks
+    /// allocated, named once whole, the directory synced.
+    pub fn create(dir: &Path, head: &Head) -> io::Result<HeadFile> {
+        let mut both = vec![0u8; HEAD_SIZE as usize];
+        for (generation, at) in HEAD_SLOTS.iter().enumerate() {
+            let at = *at as usize;
+            both[at..at + HEAD_LEN].copy_from_slice(&encode_head(head, generation as u64));
+        }
+        let file = prepare(&dir.join(HEAD_FILE), HEAD_SIZE, &both)?;
+        sync_dir(dir)?;
+        Ok(HeadFile {
+            file,
+            generation: 1,
+        })
+    }
+
+    /// Says `head`, synced: written over the older copy.
+    pub fn write(&mut self, head: &Head) -> io::Result<()> {
+        let generation = self.generation + 1;
+        let at = HEAD_SLOTS[(generation % 2) as usize];
+        self.file.write_all_at(&encode_head(head, generation), at)?;
+        self.file.sync_data()?;
+        self.generation = generation;
+        Ok(())
+    }
+}
+
+/// The name a file with a bad header is set aside under by `--salvage`:
+/// out of the series, so that no later file takes its name and no
+/// compaction removes it; never over an earlier one.
+pub fn set_aside(path: &Path) -> io::Result<PathBuf> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let mut to = path.with_file_name(format!("{name}.damaged"));
+    let mut n = 1;
+    while to.exists() {
+        n += 1;
+        to = path.with_file_name(format!("{name}.damaged.{n}"));
+    }
+    fs::rename(path, &to)?;
+    Ok(to)
+}
+
 /// Allocates `size` bytes for `file` and writes zeros over them: `fallocate`
 /// first where the file system has it (a full disk then fails at once, and
 /// the blocks are contiguous), then the zeros that make them written.
@@ -232,5 +379,31 @@ mod tests {
                 .contains("version 3")
         );
         assert!(read_header(Kind::Log, &h[..10]).is_err());
+    }
+
+    /// A torn write of the head leaves the copy before it, and the
+    /// newest whole copy wins, even one naming a lower file (a salvage
+    /// lowers it).
+    #[test]
+    fn the_head_survives_a_torn_write_of_either_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(HEAD_FILE);
+        let head = |number| Head {
+            number,
+            next_key: number * 10,
+            file_size: 4096,
+        };
+        let mut file = HeadFile::create(dir.path(), &head(1)).unwrap();
+        assert_eq!(read_head(&path), Ok((head(1), 1)));
+        file.write(&head(5)).unwrap();
+        file.write(&head(3)).unwrap();
+        assert_eq!(read_head(&path), Ok((head(3), 3)));
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[HEAD_SLOTS[1] as usize + 30] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_head(&path), Ok((head(5), 2)));
+        bytes[HEAD_SLOTS[0] as usize + 30] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert!(read_head(&path).is_err());
     }
 }

@@ -43,7 +43,7 @@ use crate::store::held;
 use crate::store::memory::journal::{Log, Record};
 use crate::store::memory::{MemoryStore, State};
 use append::Appender;
-use files::{HEADER, Kind, header, log_path, sync_dir};
+use files::{HEADER, Head, HeadFile, Kind, header, log_path, sync_dir};
 use keeper::Source;
 use waiters::{Ended, Waiters};
 use writer::{Marks, Shared, Spare};
@@ -115,6 +115,21 @@ fn reusable(file: &std::fs::File, log_end: u64) -> bool {
         || files::read_header(Kind::Log, &head).is_ok_and(|(_, first, _)| first < log_end)
 }
 
+/// Makes the head file say `head`, creating it if there is none.
+fn write_head(
+    file: &mut Option<HeadFile>,
+    dir: &std::path::Path,
+    head: &Head,
+) -> std::io::Result<()> {
+    match file {
+        Some(file) => file.write(head),
+        None => {
+            *file = Some(HeadFile::create(dir, head)?);
+            Ok(())
+        }
+    }
+}
+
 /// The state, as the keeper reads it.
 struct StateSource(Arc<Mutex<State>>);
 
@@ -166,6 +181,13 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     // in a file of its own.
     let largest = options.max_job_size as u64 + 1024;
     let file_size = options.file_size.max(HEADER + largest);
+    if file_size > options.file_size {
+        warn!(
+            log_file_size = options.file_size,
+            max_job_size = options.max_job_size,
+            "-s is too small for the largest job (-z) and its header; using {file_size}"
+        );
+    }
     let mut state = State::new();
     let started = std::time::Instant::now();
     let got = recovery::recover(&listing, &mut state, options.salvage)?;
@@ -177,6 +199,12 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     unsafe {
         libc::malloc_trim(0);
     }
+    let mut next_key = 1;
+    state.dump_rest(&mut |r| {
+        if let Record::Sequences { next_key: n, .. } = r {
+            next_key = n;
+        }
+    });
     let (mut live_jobs, mut live_bytes) = (0u64, 0u64);
     let mut from = Some(0);
     while let Some(at) = from {
@@ -204,7 +232,35 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
             "removed log files wholly before the snapshot (a compaction was cut short)"
         );
     }
+    // Before any new log file is made: it may take the number of a file
+    // with a bad header, which must not be overwritten.
+    for path in &got.damaged {
+        let to = files::set_aside(path)
+            .map_err(|e| format!("cannot set aside {}: {e}", path.display()))?;
+        warn!(file = %path.display(), to = %to.display(), "set aside a file with a bad header (--salvage)");
+    }
+    if !got.damaged.is_empty() {
+        sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
+    }
     let mut files = got.files;
+    let mut head_file = match &listing.head {
+        Some(Ok((_, generation))) => HeadFile::open(dir, *generation).ok(),
+        _ => None,
+    };
+    let says = |number| Head {
+        number,
+        next_key,
+        file_size,
+    };
+    if got.head_lowered {
+        // The head names files that are gone: lowered to the newest here
+        // before a file of a number up to it is made, which the next start
+        // would otherwise take for the newest, missing those after it. It
+        // also keeps the raised server ids for the starts to come.
+        let newest = files.keys().next_back().copied().unwrap_or(0);
+        write_head(&mut head_file, dir, &says(newest))
+            .map_err(|e| format!("cannot write the head file in {}: {e}", dir.display()))?;
+    }
     let (number, current, used) = match got.current {
         Some(current) => current,
         None => {
@@ -218,6 +274,17 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
             (number, file, HEADER)
         }
     };
+    // A head file that cannot be written (a full disk, for a directory
+    // that has none yet) costs only the check it allows: this run goes on
+    // without, and its log files are written all the same.
+    if let Err(e) = write_head(&mut head_file, dir, &says(number)) {
+        warn!(
+            dir = %dir.display(), error = %e,
+            "cannot write the head file: until a start writes it, a start cannot \
+             tell that the newest log files are missing"
+        );
+        head_file = None;
+    }
     info!(
         dir = %dir.display(), jobs = live_jobs, records = got.records,
         skipped = got.skipped, took_ms = started.elapsed().as_millis() as u64,
@@ -233,9 +300,11 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         files,
         current,
     ));
+    *shared.head.lock().unwrap_or_else(PoisonError::into_inner) = head_file;
     let mut next_spare = 0;
     {
         let mut b = shared.lock();
+        b.next_key = next_key;
         b.live_jobs = live_jobs;
         b.live_bytes = live_bytes;
         b.appended = got.replayed_bytes;

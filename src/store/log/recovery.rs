@@ -14,7 +14,14 @@
 //!   record that was next, nothing is missing and they are not damage;
 //! * damage anywhere else stops the start with a message naming the file and
 //!   the offset; with `salvage` the damaged records are skipped instead (the
-//!   next valid record is searched for), and how many were lost is said.
+//!   next valid record is searched for), and how many were lost is said;
+//! * a file whose header is bad (or names another number) is damage too;
+//!   with `salvage` it is skipped whole, its records lost, and set aside
+//!   (renamed `*.damaged`) once the start succeeds;
+//! * the head file (`files.rs`) names the newest log file begun: a newest
+//!   file below it means the newest files are missing, which the series
+//!   alone cannot show. With `salvage` the start goes on, and the server
+//!   ids go on past any the lost files could have handed out.
 //!
 //! A body is only ever served from a record whose checksum matched.
 
@@ -25,9 +32,10 @@ use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
-use super::files::{HEADER, Kind, Listing, VERSION, read_header};
-use super::record::{Bad, Frame, Item, decode};
+use super::files::{HEAD_FILE, HEADER, Head, Kind, Listing, VERSION, read_header};
+use super::record::{Bad, FRAME_HEAD, Frame, Item, decode};
 use crate::store::memory::State;
+use crate::store::memory::journal::Record;
 use crate::store::memory::replay::Applied;
 
 /// What recovery found, for the writer to go on from.
@@ -53,7 +61,19 @@ pub struct Recovered {
     /// Log files wholly before the snapshot, left by a compaction cut
     /// short: needless, to be removed once the start has succeeded.
     pub leftovers: Vec<PathBuf>,
+    /// Files whose header is bad, skipped with salvage: to be set aside
+    /// once the start has succeeded.
+    pub damaged: Vec<PathBuf>,
+    /// The head file names a log file that is not here (salvaged): it must
+    /// be lowered before a log file of a number up to it is made, or the
+    /// next start would take that file for the newest and miss the rest.
+    pub head_lowered: bool,
 }
+
+/// The fewest bytes a put's record takes (its frame, its kind and its
+/// fixed-size creation time; the rest only adds): a log file of `size`
+/// bytes holds fewer puts than `size / MIN_PUT`.
+const MIN_PUT: u64 = FRAME_HEAD as u64 + 1 + 8;
 
 /// Where a damaged record was, and what was wrong.
 fn damage(path: &Path, offset: usize, why: &str) -> String {
@@ -107,29 +127,63 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         records: 0,
         skipped: 0,
         leftovers: Vec::new(),
+        damaged: Vec::new(),
+        head_lowered: false,
+    };
+    let head = match &listing.head {
+        Some(Ok((head, _))) => Some(*head),
+        Some(Err(why)) => {
+            let why = format!("the head file is damaged ({why})");
+            if !salvage {
+                return Err(damage(&listing.dir.join(HEAD_FILE), 0, &why));
+            }
+            warn!(
+                "{why}; going on without it (--salvage): missing newest log files cannot be told"
+            );
+            None
+        }
+        None => None,
     };
     let mut start = 1;
     let mut buf = Vec::new();
     if let Some((first, path)) = listing.snapshots.last() {
-        start = *first;
-        out.snapshot_bytes = load_snapshot(path, *first, state, salvage, &mut out)?;
+        match snapshot_header(path, *first) {
+            Ok(()) => {
+                start = *first;
+                out.snapshot_bytes = load_snapshot(path, *first, state, salvage, &mut out)?;
+            }
+            Err(why) if salvage => {
+                warn!(file = %path.display(), "{why}: skipped whole, its jobs are lost (--salvage)");
+                out.damaged.push(path.clone());
+            }
+            Err(why) => return Err(damage(path, 0, &why)),
+        }
     }
     out.next_seq = start;
     let mut headers = Vec::new();
     for (number, path) in &listing.logs {
         let mut head = [0u8; HEADER as usize];
         let read = File::open(path).and_then(|f| f.read_exact_at(&mut head, 0));
-        let (n, first, version) = match read
-            .map_err(|e| e.to_string())
-            .and_then(|()| read_header(Kind::Log, &head))
-        {
-            Ok(h) => h,
-            Err(why) => return Err(damage(path, 0, &format!("bad header ({why})"))),
-        };
-        if n != *number {
-            return Err(damage(path, 0, &format!("its header says it is file {n}")));
+        let checked = read
+            .map_err(|e| format!("bad header ({e})"))
+            .and_then(|()| {
+                read_header(Kind::Log, &head).map_err(|why| format!("bad header ({why})"))
+            })
+            .and_then(|(n, first, version)| match n == *number {
+                true => Ok((n, first, version)),
+                false => Err(format!("its header says it is file {n}")),
+            });
+        match checked {
+            Ok((n, first, version)) => headers.push((n, first, version, path.clone())),
+            Err(why) if salvage => {
+                warn!(
+                    file = %path.display(),
+                    "{why}: skipped whole, its records are lost; set aside as *.damaged (--salvage)"
+                );
+                out.damaged.push(path.clone());
+            }
+            Err(why) => return Err(damage(path, 0, &why)),
         }
-        headers.push((n, first, version, path.clone()));
     }
     // The files to replay: from the last one that begins at or before the
     // snapshot's start (older ones are leftovers of a compaction cut short).
@@ -193,6 +247,9 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
             out.current = Some((*number, file, used));
         }
     }
+    if let Some(head) = head {
+        missing_newest(listing, &head, &headers, state, salvage, &mut out)?;
+    }
     out.log_end = out.next_seq;
     if out.next_seq < start {
         // The log ends before the snapshot begins: the records in between
@@ -211,6 +268,82 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         out.current = None;
     }
     Ok(out)
+}
+
+/// Checks the newest log file against the head file, which names the
+/// newest begun; and, as it may, raises the next server id to what the
+/// head says was handed out before that file began (a snapshot or records
+/// lost to a salvage may have held the highest).
+fn missing_newest(
+    listing: &Listing,
+    head: &Head,
+    headers: &[(u64, u64, u32, PathBuf)],
+    state: &mut State,
+    salvage: bool,
+    out: &mut Recovered,
+) -> Result<(), String> {
+    let mut next_key = head.next_key;
+    let newest = headers.last().map_or(0, |h| h.0);
+    if head.number > newest {
+        // With none here, the files before the newest may have gone to a
+        // snapshot, as they should: only the newest is surely missing.
+        let lost = match head.number - newest {
+            _ if newest == 0 => format!("log file {} is missing", log_name(head.number)),
+            1 => format!("log file {} is missing", log_name(head.number)),
+            _ => format!(
+                "log files {} to {} are missing",
+                log_name(newest + 1),
+                log_name(head.number)
+            ),
+        };
+        let why = format!(
+            "{lost} (the head file says log files up to {} were begun; the newest here is {})",
+            log_name(head.number),
+            match newest {
+                0 => "none".to_string(),
+                n => log_name(n),
+            }
+        );
+        if !salvage {
+            return Err(format!(
+                "{} is damaged: {why}. delayq will not start on a damaged log (the jobs \
+                 in those files would be lost, and their server ids handed out again); \
+                 put the files back, or start it with --salvage to serve the rest \
+                 without them",
+                listing.dir.display()
+            ));
+        }
+        // Every server id the lost files may have handed out: those before
+        // the newest of them began, then at most one a put record in it.
+        next_key = next_key.saturating_add(head.file_size.saturating_sub(HEADER) / MIN_PUT);
+        warn!(
+            "{why}: their records are lost; going on without them, server ids \
+             from {next_key} on (--salvage)"
+        );
+        out.head_lowered = true;
+    }
+    state.apply(Record::Sequences {
+        next_key,
+        bury_seq: 0,
+    });
+    Ok(())
+}
+
+fn log_name(n: u64) -> String {
+    format!("log.{n:016x}")
+}
+
+/// Checks a snapshot's header: the error says what is wrong with it.
+fn snapshot_header(path: &Path, start: u64) -> Result<(), String> {
+    let mut head = [0u8; HEADER as usize];
+    File::open(path)
+        .and_then(|f| f.read_exact_at(&mut head, 0))
+        .map_err(|e| format!("bad header ({e})"))?;
+    match read_header(Kind::Snapshot, &head) {
+        Ok((s, _, _)) if s == start => Ok(()),
+        Ok((s, _, _)) => Err(format!("its header says it starts at {s}")),
+        Err(why) => Err(format!("bad header ({why})")),
+    }
 }
 
 /// Replays one log file; returns the offset its data ends at.

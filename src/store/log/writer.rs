@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::error;
 
-use super::files::{log_path, sync_dir};
+use super::files::{Head, HeadFile, log_path, sync_dir};
 
 /// When a change counts as safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,8 @@ pub(super) struct Chunk {
     pub bytes: Vec<u8>,
     /// The spare that becomes this log file (the chunk starts its header).
     pub opens: Option<Spare>,
+    /// What the head file says once it has (with `opens`).
+    pub head: Option<Head>,
 }
 
 /// What the appenders, the writer and the keeper share, under one lock.
@@ -81,6 +83,9 @@ pub struct Buf {
     pub spares: VecDeque<Spare>,
     /// Each kept log file's number and first record.
     pub files: BTreeMap<u64, u64>,
+    /// A server id above every one in the records taken (for the head
+    /// file: see `files::Head`).
+    pub next_key: u64,
     /// Live jobs, and the bytes of their put records.
     pub live_jobs: u64,
     pub live_bytes: u64,
@@ -132,6 +137,9 @@ pub struct Shared {
     /// writer thread, or with `-f`/`-F` a connection settling its change),
     /// so that records reach it in order.
     file: Mutex<Arc<File>>,
+    /// The head file, rewritten as each log file begins (`None`: it could
+    /// not be made, and this run keeps none).
+    pub(super) head: Mutex<Option<HeadFile>>,
     /// Figures for `stats`.
     pub records_written: AtomicU64,
     /// Records rewritten by snapshots.
@@ -166,6 +174,7 @@ impl Shared {
                 used,
                 spares: VecDeque::new(),
                 files,
+                next_key: 1,
                 live_jobs: 0,
                 live_bytes: 0,
                 appended: 0,
@@ -192,6 +201,7 @@ impl Shared {
             policy,
             file_size,
             file: Mutex::new(Arc::new(current)),
+            head: Mutex::new(None),
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -466,7 +476,9 @@ fn written_records(shared: &Shared, upto: u64) -> u64 {
 /// Writes `chunks` in order; a chunk that opens a log file first finishes
 /// the current one (synced), then makes the spare the next log file: its
 /// header and records written and synced, then its new name, then the
-/// directory synced, so a log file's name never outlives its data.
+/// directory synced, so a log file's name never outlives its data; then
+/// the head file names it, only now that the name is on disk, so the head
+/// never names a file a crash could leave unnamed.
 fn write(
     shared: &Shared,
     current: &mut Arc<File>,
@@ -489,6 +501,10 @@ fn write(
                     .map_err(|e| ("rename", e))?;
                 sync_dir(&shared.dir).map_err(|e| ("directory sync", e))?;
                 *current = Arc::new(spare.file);
+                let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
+                if let (Some(file), Some(says)) = (head.as_mut(), chunk.head) {
+                    file.write(&says).map_err(|e| ("head file write", e))?;
+                }
             }
         }
         chunk.bytes.clear();

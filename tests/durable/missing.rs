@@ -1,0 +1,276 @@
+//! Lost and foreign files: the newest log file (or the only one after a
+//! snapshot) removed, which the series alone does not show, and files
+//! whose header is bad or names another number. Each is refused, naming
+//! what is wrong; with `--salvage` the start goes on without it, never
+//! handing out a server id again, and the next start needs no salvage
+//! (but for a file lost from the middle of the series).
+
+use std::path::{Path, PathBuf};
+
+use crate::common::Client;
+use crate::common::daemon::Daemon;
+use crate::snapshot::{churn_until_compacted, stop};
+use crate::{copy_dir, files_named, log_files, start_or_refuse};
+
+/// Small log files: a few hundred puts of 1 KB fill several.
+const FILES: &[&str] = &["-s", "70000"];
+const SALVAGE: &[&str] = &["-s", "70000", "--salvage"];
+
+/// A body of about 1 KB that says which job it is.
+fn body(k: usize) -> Vec<u8> {
+    let mut b = format!("job {k} ").into_bytes();
+    b.resize(1000, b'x');
+    b
+}
+
+/// Puts `n` jobs, stops the server (SIGTERM); returns the directory and
+/// the highest server id handed out.
+async fn filled(n: usize) -> (tempfile::TempDir, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::durable(dir.path(), FILES).await;
+    let mut c = daemon.client().await;
+    let mut last = 0;
+    for k in 0..n {
+        last = c.put_ok(0, 0, 60, &body(k)).await;
+    }
+    drop(c);
+    stop(daemon);
+    assert!(log_files(dir.path()).len() >= 4, "too few log files");
+    (dir, last)
+}
+
+/// The server ids of the ready jobs of a server, reserved one by one.
+async fn ready_ids(c: &mut Client) -> Vec<u64> {
+    let mut out = Vec::new();
+    loop {
+        let reply = c.cmd("reserve-with-timeout 0").await;
+        if reply == "TIMED_OUT" {
+            return out;
+        }
+        let job = c.job_after("RESERVED", &reply).await;
+        out.push(job.id.parse().unwrap());
+    }
+}
+
+/// The refusal of a start on `dir`: it exits with an error, saying all
+/// of `says`; a second try is refused alike (refusing changed nothing).
+fn refused(dir: &Path, says: &[&str]) -> String {
+    let (status, stderr) = start_or_refuse(dir, FILES).expect("a refusal, not a start");
+    assert!(!status.success(), "exit status {status}");
+    for s in says {
+        assert!(stderr.contains(s), "says {s:?}: {stderr}");
+    }
+    assert!(start_or_refuse(dir, FILES).is_some(), "refused only once");
+    stderr
+}
+
+fn name(path: &Path) -> &str {
+    path.file_name().and_then(|n| n.to_str()).unwrap()
+}
+
+/// A server with `--salvage` on `dir`, its log in `log`: the ready jobs'
+/// ids, then a put's id; then a start without `--salvage` that must
+/// succeed, and a put's id there.
+async fn salvaged(dir: &Path, log: &Path) -> (Vec<u64>, u64, u64) {
+    let mut daemon = Daemon::durable_logged(dir, SALVAGE, log).await;
+    let mut c = daemon.client().await;
+    let ready = ready_ids(&mut c).await;
+    let put = c.put_ok(0, 0, 60, b"after the salvage").await;
+    drop(c);
+    daemon.kill();
+    let daemon = Daemon::durable(dir, FILES).await;
+    let mut c = daemon.client().await;
+    let again = c.put_ok(0, 0, 60, b"after the next start").await;
+    (ready, put, again)
+}
+
+/// The newest log file removed: refused, naming it; with `--salvage` the
+/// rest is served, and the next ids are past every one the lost file
+/// could have handed out; the next start needs no salvage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_newest_log_file_is_refused_then_salvaged_without_reusing_ids() {
+    const N: usize = 300;
+    let (dir, last) = filled(N).await;
+    let newest = log_files(dir.path()).pop().unwrap();
+    std::fs::remove_file(&newest).unwrap();
+    refused(dir.path(), &[name(&newest), "missing", "--salvage"]);
+
+    let scratch = tempfile::tempdir().unwrap();
+    let log = scratch.path().join("delayq.log");
+    let (ready, put, again) = salvaged(dir.path(), &log).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains(name(&newest)), "names the file: {said}");
+    assert!(
+        !ready.is_empty() && ready.len() < N,
+        "{} of {N} jobs",
+        ready.len()
+    );
+    assert_eq!(ready, (1..=ready.len() as u64).collect::<Vec<_>>());
+    assert!(
+        put > last,
+        "id {put} handed out again (the last was {last})"
+    );
+    assert!(again > put, "id {again} after {put}");
+}
+
+/// The only log file after a snapshot (every log file) removed: the
+/// snapshot alone looked like a whole directory. Refused; with `--salvage`
+/// the snapshot's jobs are served, and no id is handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_log_after_a_snapshot_is_refused_then_salvaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::durable(dir.path(), FILES).await;
+    let mut c = daemon.client().await;
+    let kept = [
+        c.put_ok(0, 0, 60, b"kept 0").await,
+        c.put_ok(0, 0, 60, b"kept 1").await,
+    ];
+    churn_until_compacted(&mut c, dir.path()).await;
+    let last = c.put_ok(0, 0, 60, b"after the snapshot").await;
+    drop(c);
+    stop(daemon);
+    assert!(!files_named(dir.path(), "snapshot.").is_empty());
+    let logs = log_files(dir.path());
+    for path in &logs {
+        std::fs::remove_file(path).unwrap();
+    }
+    refused(dir.path(), &[name(logs.last().unwrap()), "missing"]);
+
+    let scratch = tempfile::tempdir().unwrap();
+    let log = scratch.path().join("delayq.log");
+    let (ready, put, again) = salvaged(dir.path(), &log).await;
+    // Jobs put before the snapshot and deleted after it come back: their
+    // deletes were in the lost file.
+    assert!(
+        ready.starts_with(&kept) && ready.iter().all(|&id| id <= last),
+        "the snapshot's jobs: {ready:?}"
+    );
+    assert!(
+        put > last,
+        "id {put} handed out again (the last was {last})"
+    );
+    assert!(again > put, "id {again} after {put}");
+}
+
+/// A log file of the middle whose magic is damaged: refused, naming it;
+/// with `--salvage` skipped whole (its jobs lost, said so), set aside as
+/// `*.damaged`, and the rest served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_header_is_refused_then_skipped_whole_with_salvage() {
+    const N: usize = 300;
+    let (dir, last) = filled(N).await;
+    let bad = log_files(dir.path())[1].clone();
+    let mut bytes = std::fs::read(&bad).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&bad, &bytes).unwrap();
+    refused(dir.path(), &[name(&bad), "bad header", "--salvage"]);
+
+    let scratch = tempfile::tempdir().unwrap();
+    let log = scratch.path().join("delayq.log");
+    let mut daemon = Daemon::durable_logged(dir.path(), SALVAGE, &log).await;
+    let mut c = daemon.client().await;
+    let ready = ready_ids(&mut c).await;
+    let put = c.put_ok(0, 0, 60, b"after the salvage").await;
+    drop(c);
+    daemon.kill();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains(name(&bad)) && said.contains("lost"),
+        "names the file and says its records are lost: {said}"
+    );
+    assert!(
+        !ready.is_empty() && ready.len() < N,
+        "{} of {N} jobs",
+        ready.len()
+    );
+    assert!(
+        put > last,
+        "id {put} handed out again (the last was {last})"
+    );
+    assert!(!bad.exists(), "set aside");
+    let aside = PathBuf::from(format!("{}.damaged", bad.display()));
+    assert_eq!(std::fs::read(&aside).unwrap(), bytes, "kept as it was");
+}
+
+/// Files that are not the log files their names say: an empty file after
+/// the newest, and a copy of the first saved under a later number (its
+/// header names another). Refused; with `--salvage` set aside, every job
+/// served, and the next start needs no salvage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_log_files_are_refused_then_set_aside_with_salvage() {
+    const N: usize = 300;
+    let (dir, last) = filled(N).await;
+    let logs = log_files(dir.path());
+    let number = |p: &Path| u64::from_str_radix(&name(p)[4..], 16).unwrap();
+    let newest = number(logs.last().unwrap());
+    let empty = |to: &Path| std::fs::write(to.join(format!("log.{:016x}", newest + 1)), b"");
+    let copy = |to: &Path| {
+        let at = to.join(format!("log.{:016x}", newest + 3));
+        std::fs::copy(to.join(name(&logs[0])), at).map(drop)
+    };
+    for (what, make) in [
+        ("empty", &empty as &dyn Fn(&Path) -> std::io::Result<()>),
+        ("copy", &copy),
+    ] {
+        let copy_of = copy_dir(dir.path());
+        let at = copy_of.path();
+        make(at).unwrap();
+        let foreign = log_files(at).pop().unwrap();
+        refused(at, &[name(&foreign)]);
+        let scratch = tempfile::tempdir().unwrap();
+        let log = scratch.path().join("delayq.log");
+        let (ready, put, again) = salvaged(at, &log).await;
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert!(said.contains(name(&foreign)), "{what}: names it: {said}");
+        assert_eq!(ready.len(), N, "{what}: every job");
+        assert!(put > last, "{what}: id {put} after {last}");
+        assert!(again > put, "{what}: id {again} after {put}");
+        assert!(!foreign.exists(), "{what}: set aside");
+        assert!(
+            files_named(at, name(&foreign))
+                .iter()
+                .any(|p| name(p).ends_with(".damaged")),
+            "{what}: kept aside"
+        );
+    }
+}
+
+/// A snapshot whose header is damaged: refused, naming it; with
+/// `--salvage` skipped whole and set aside, and the start goes on with the
+/// log files there (the records before them are missing, and skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_with_a_bad_header_is_refused_then_skipped_with_salvage() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::durable(dir.path(), FILES).await;
+    let mut c = daemon.client().await;
+    c.put_ok(0, 0, 60, b"kept").await;
+    churn_until_compacted(&mut c, dir.path()).await;
+    let last = c.put_ok(0, 0, 60, b"after the snapshot").await;
+    drop(c);
+    stop(daemon);
+    let snapshot = files_named(dir.path(), "snapshot.").pop().unwrap();
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&snapshot, &bytes).unwrap();
+    refused(dir.path(), &[name(&snapshot), "bad header", "--salvage"]);
+
+    let scratch = tempfile::tempdir().unwrap();
+    let log = scratch.path().join("delayq.log");
+    let mut daemon = Daemon::durable_logged(dir.path(), SALVAGE, &log).await;
+    let mut c = daemon.client().await;
+    let ready = ready_ids(&mut c).await;
+    let put = c.put_ok(0, 0, 60, b"after the salvage").await;
+    drop(c);
+    daemon.kill();
+    assert!(
+        ready.contains(&last),
+        "the log's jobs are served: {ready:?}"
+    );
+    assert!(
+        put > last,
+        "id {put} handed out again (the last was {last})"
+    );
+    assert!(!snapshot.exists(), "set aside");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains(name(&snapshot)), "names it: {said}");
+}
