@@ -68,16 +68,23 @@ fn name(path: &Path) -> &str {
     path.file_name().and_then(|n| n.to_str()).unwrap()
 }
 
-/// A server with `--salvage` on `dir`, its log in `log`: the ready jobs'
-/// ids, then a put's id; then a start without `--salvage` that must
-/// succeed, and a put's id there.
-async fn salvaged(dir: &Path, log: &Path) -> (Vec<u64>, u64, u64) {
+/// A server with `--salvage` on `dir`, its log in `log`, killed after it
+/// served: the ready jobs' ids, then a put's id.
+async fn salvage_start(dir: &Path, log: &Path) -> (Vec<u64>, u64) {
     let mut daemon = Daemon::durable_logged(dir, SALVAGE, log).await;
     let mut c = daemon.client().await;
     let ready = ready_ids(&mut c).await;
     let put = c.put_ok(0, 0, 60, b"after the salvage").await;
     drop(c);
     daemon.kill();
+    (ready, put)
+}
+
+/// A server with `--salvage` on `dir`, its log in `log`: the ready jobs'
+/// ids, then a put's id; then a start without `--salvage` that must
+/// succeed, and a put's id there.
+async fn salvaged(dir: &Path, log: &Path) -> (Vec<u64>, u64, u64) {
+    let (ready, put) = salvage_start(dir, log).await;
     let daemon = Daemon::durable(dir, FILES).await;
     let mut c = daemon.client().await;
     let again = c.put_ok(0, 0, 60, b"after the next start").await;
@@ -167,12 +174,7 @@ async fn a_bad_header_is_refused_then_skipped_whole_with_salvage() {
 
     let scratch = tempfile::tempdir().unwrap();
     let log = scratch.path().join("delayq.log");
-    let mut daemon = Daemon::durable_logged(dir.path(), SALVAGE, &log).await;
-    let mut c = daemon.client().await;
-    let ready = ready_ids(&mut c).await;
-    let put = c.put_ok(0, 0, 60, b"after the salvage").await;
-    drop(c);
-    daemon.kill();
+    let (ready, put) = salvage_start(dir.path(), &log).await;
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(
         said.contains(name(&bad)) && said.contains("lost"),
@@ -256,12 +258,7 @@ async fn a_snapshot_with_a_bad_header_is_refused_then_skipped_with_salvage() {
 
     let scratch = tempfile::tempdir().unwrap();
     let log = scratch.path().join("delayq.log");
-    let mut daemon = Daemon::durable_logged(dir.path(), SALVAGE, &log).await;
-    let mut c = daemon.client().await;
-    let ready = ready_ids(&mut c).await;
-    let put = c.put_ok(0, 0, 60, b"after the salvage").await;
-    drop(c);
-    daemon.kill();
+    let (ready, put) = salvage_start(dir.path(), &log).await;
     assert!(
         ready.contains(&last),
         "the log's jobs are served: {ready:?}"

@@ -703,6 +703,18 @@ async fn redis_frozen_every_reply_in_time() {
     );
 }
 
+/// The node serving each shard, a primary that does not serve the control
+/// slot, and its replica.
+fn not_the_control_slots(cluster: &mut RedisCluster) -> (Vec<usize>, usize, usize) {
+    let (owners, control) = layout(cluster, PREFIX);
+    let node = cluster
+        .masters()
+        .into_iter()
+        .find(|&m| m != control)
+        .expect("another primary");
+    (owners, node, cluster.replicas_of(node)[0])
+}
+
 /// A primary that hangs (SIGSTOP) rather than dies: its replica is
 /// promoted, and delayq follows while the old primary is still frozen. The
 /// crate, never told (the frozen node answers nothing, not even `MOVED`),
@@ -712,16 +724,7 @@ async fn redis_frozen_every_reply_in_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_primarys_failover_is_followed_while_it_is_still_frozen() {
     let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
-    let (owners, control) = blocking(&cluster, |c| layout(c, PREFIX)).await;
-    let (node, replica) = blocking(&cluster, move |c| {
-        let node = c
-            .masters()
-            .into_iter()
-            .find(|&m| m != control)
-            .expect("another primary");
-        (node, c.replicas_of(node)[0])
-    })
-    .await;
+    let (owners, node, replica) = blocking(&cluster, not_the_control_slots).await;
     let seeds = blocking(&cluster, |c| c.seeds()).await;
     let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
     let mut c = daemon.client().await;
@@ -732,17 +735,8 @@ async fn a_frozen_primarys_failover_is_followed_while_it_is_still_frozen() {
 
     let frozen = Instant::now();
     blocking(&cluster, move |c| c.stop(node)).await;
-    let promoted = loop {
-        let role = blocking(&cluster, move |c| c.cli(replica, &["ROLE"])).await;
-        if role.starts_with("master") {
-            break frozen.elapsed();
-        }
-        assert!(
-            frozen.elapsed() < Duration::from_secs(30),
-            "the frozen primary's replica was not promoted in 30 s: {role}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    wait_for_role(&cluster, replica, "master", frozen).await;
+    let promoted = frozen.elapsed();
     // Its shards take puts again, the old primary still frozen.
     let back = loop {
         let id = ids.next().expect("an id");
@@ -849,16 +843,7 @@ async fn wait_for_role(
 /// unannounced, and the workers waited for ever.
 async fn failed_over_shards_reach_blocked_workers(how: Failover) {
     let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
-    let (owners, control) = blocking(&cluster, |c| layout(c, PREFIX)).await;
-    let (node, replica) = blocking(&cluster, move |c| {
-        let node = c
-            .masters()
-            .into_iter()
-            .find(|&m| m != control)
-            .expect("another primary");
-        (node, c.replicas_of(node)[0])
-    })
-    .await;
+    let (owners, node, replica) = blocking(&cluster, not_the_control_slots).await;
     let seeds = blocking(&cluster, |c| c.seeds()).await;
     let args = ["--redis-cluster", seeds.as_str()];
     let producer_side = Daemon::cluster(&args).await;
