@@ -115,6 +115,10 @@ impl<S: Store> Broker<S> {
         // Whether a waiter got nothing: perhaps a rate held it back, which
         // the timer must then see to as the rate's second ends.
         let mut short = false;
+        // The first failure, logged once for the pass: with the store away
+        // every waiter's reserve fails at once, and a line each made a
+        // burst of them (a reviewer counted 11 in a second).
+        let mut failed = None;
         while let Some(tube) = tubes.get(next).cloned() {
             next += 1;
             let mut round = FIRST_ROUND;
@@ -151,7 +155,7 @@ impl<S: Store> Broker<S> {
                             short = true;
                         }
                         Err(e) => {
-                            warn!(%tube, error = %e, "cannot hand out jobs");
+                            failed.get_or_insert((tube.clone(), e));
                             all = false;
                         }
                     }
@@ -167,6 +171,9 @@ impl<S: Store> Broker<S> {
         }
         if short {
             self.wake_if_held_back();
+        }
+        if let Some((tube, e)) = failed {
+            warn!(%tube, error = %e, "cannot hand out jobs");
         }
     }
 

@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use redis::cluster::ClusterClient;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::conn::{CALL_TIMEOUT, Followed, bounded};
-use super::shards::{SHARDS, Sharding};
+use super::shards::{SHARDS, Sharding, slot};
 use crate::names::{Tube, parse_u64};
 use crate::store::StoreEvent;
 
@@ -185,6 +186,25 @@ pub(super) async fn listen_shards(
             for channel in &channels {
                 conn.ssubscribe(channel).await?;
             }
+            // A slot map fetched from a node that has not yet learnt it was
+            // demoted sends a channel's subscription to that node, now a
+            // replica: it takes it without a redirect, and hears the
+            // shard's news only as replication brings it, after the PING
+            // of a catch-up has come back from the primary (a reviewer saw
+            // an eighth of `reserve-with-timeout 0` miss a job just put).
+            // The node each channel went to is asked its role; a replica
+            // among them, and the subscriptions are made again.
+            for channel in &channels {
+                let at = u16::try_from(slot(channel.as_bytes())).unwrap_or_default();
+                let on = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    at,
+                    SlotAddr::Master,
+                )));
+                let role = bounded(conn.route_command(redis::cmd("ROLE"), on)).await?;
+                if !is_primary(&role) {
+                    return Err(lost("a shard's channel was subscribed on a replica"));
+                }
+            }
             if connected_before {
                 info!("Redis Cluster events channels back");
             }
@@ -261,6 +281,17 @@ pub(super) async fn listen_shards(
 /// every 2 s, so that a frozen primary's failover is noticed within about
 /// 4 s (the `PING`'s own time limit included).
 const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Whether `ROLE` answered that the node is a primary.
+fn is_primary(role: &Value) -> bool {
+    match role {
+        Value::Array(fields) => matches!(
+            fields.first(),
+            Some(Value::BulkString(word)) if word == b"master"
+        ),
+        _ => false,
+    }
+}
 
 /// Why the subscriptions are made anew, as an error of the session.
 fn lost(why: &str) -> RedisError {
@@ -346,5 +377,18 @@ mod tests {
         assert_eq!(head(b"h 17 orders x 2a"), None);
         assert_eq!(head(b"orders"), None);
         assert_eq!(event(b"a:b"), None);
+    }
+
+    #[test]
+    fn roles() {
+        let role = |word: &str| {
+            Value::Array(vec![
+                Value::BulkString(word.as_bytes().to_vec()),
+                Value::Int(0),
+            ])
+        };
+        assert!(is_primary(&role("master")));
+        assert!(!is_primary(&role("slave")));
+        assert!(!is_primary(&Value::Nil));
     }
 }
