@@ -771,3 +771,18 @@ async fn requests_from_pages_of_other_origins_are_refused() {
     let mut c = server.client().await;
     assert_eq!(c.stats_tube("csrf").await.num("total-jobs"), 3);
 }
+
+/// The dashboard may not be framed by another site's page: its requests
+/// are its own origin's, so a page that framed it could make a visitor
+/// click **kick all** unawares.
+#[tokio::test]
+async fn the_dashboard_is_not_to_be_framed() {
+    let server = TestServer::start_http(Backend::Memory).await;
+    let response = reqwest::get(format!("{}/", server.http_url()))
+        .await
+        .expect("the page");
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers();
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["content-security-policy"], "frame-ancestors 'none'");
+}

@@ -488,19 +488,24 @@ async fn openapi_lists_every_refusal() {
     }
 }
 
-/// Sends one request with `token` on `socket` (kept alive) and returns its
-/// status and how long the answer took.
-async fn timed_put(
+/// Sends one request with `token` on `socket` (kept alive): a put, or with
+/// `metrics` a scrape. Returns its status and how long the answer took.
+async fn timed_request(
     socket: &mut tokio::io::BufReader<tokio::net::TcpStream>,
     token: &str,
+    metrics: bool,
 ) -> (u16, Duration) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     let body = r#"{"body":"hi"}"#;
-    let request = format!(
-        "POST /v1/tubes/team-a%2Fx/jobs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let request = if metrics {
+        format!("GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n")
+    } else {
+        format!(
+            "POST /v1/tubes/team-a%2Fx/jobs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
     let asked = std::time::Instant::now();
     socket
         .get_mut()
@@ -533,30 +538,34 @@ async fn timed_put(
 
 /// Wrong tokens over HTTP wait longer each time on one connection, as
 /// `auth` does on a text connection (each request was a session of its
-/// own, which started counting afresh: every guess waited 0.1 s).
+/// own, which started counting afresh: every guess waited 0.1 s); on the
+/// API and on `/metrics` alike.
 async fn wrong_http_tokens_on_one_connection_wait_longer_each_time(backend: Backend) {
     let server = server(backend, true).await;
     let addr = server.http_url().trim_start_matches("http://").to_string();
-    let mut socket = tokio::io::BufReader::new(
-        tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect"),
-    );
-    let mut took = Vec::new();
-    for _ in 0..4 {
-        let (status, time) = timed_put(&mut socket, "guess").await;
+    for (metrics, right) in [(false, "team-a-secret"), (true, "root-secret")] {
+        let mut socket = tokio::io::BufReader::new(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect"),
+        );
+        let mut took = Vec::new();
+        for _ in 0..4 {
+            let (status, time) = timed_request(&mut socket, "guess", metrics).await;
+            assert_eq!(status, 401);
+            took.push(time);
+        }
+        // 0.1, 0.2, 0.4 and 0.8 s.
+        assert!(
+            took[3] >= Duration::from_millis(700),
+            "the fourth wrong token in a row waited {:?} ({took:?}; metrics: {metrics})",
+            took[3]
+        );
+        // A right one is let in, and starts the count again.
+        let (status, _) = timed_request(&mut socket, right, metrics).await;
+        assert!(status == 200 || status == 201, "{status}");
+        let (status, time) = timed_request(&mut socket, "guess", metrics).await;
         assert_eq!(status, 401);
-        took.push(time);
+        assert!(time < Duration::from_millis(400), "{time:?}");
     }
-    // 0.1, 0.2, 0.4 and 0.8 s.
-    assert!(
-        took[3] >= Duration::from_millis(700),
-        "the fourth wrong token in a row waited {:?} ({took:?})",
-        took[3]
-    );
-    // A right one is let in, and starts the count again.
-    assert_eq!(timed_put(&mut socket, "team-a-secret").await.0, 201);
-    let (status, time) = timed_put(&mut socket, "guess").await;
-    assert_eq!(status, 401);
-    assert!(time < Duration::from_millis(400), "{time:?}");
 }

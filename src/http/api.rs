@@ -97,6 +97,24 @@ impl Caller {
             failures: Arc::new(AtomicU32::new(0)),
         }
     }
+
+    /// The client's address.
+    pub fn peer(&self) -> std::net::SocketAddr {
+        self.peer
+    }
+
+    /// Counts a token check: a failure adds one to the run of failures, a
+    /// success ends it. Returns the run's length.
+    pub fn failed(&self, failed: bool) -> u32 {
+        if failed {
+            self.failures
+                .fetch_add(1, Ordering::Relaxed)
+                .saturating_add(1)
+        } else {
+            self.failures.store(0, Ordering::Relaxed);
+            0
+        }
+    }
 }
 
 /// Keeps the request's `Authorization: Bearer` token for [`run`]; refuses

@@ -26,6 +26,11 @@ async fn page() -> impl IntoResponse {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             // The page holds no data; what it shows comes from the API.
             (header::CACHE_CONTROL, "no-cache"),
+            // Never inside another site's page: its requests are the API's
+            // own origin's, so a page that framed it could make a visitor
+            // click its buttons (kick all) unawares.
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
         ],
         PAGE,
     )

@@ -36,13 +36,14 @@ use prometheus_client::encoding::{prometheus_text, text};
 use prometheus_client::registry::Registry;
 use tracing::warn;
 
-use super::api::{bearer_token, output};
+use super::api::{Caller, bearer_token, output};
 use crate::auth::failure_delay;
 use crate::broker::Broker;
 use crate::error::{StoreError, StoreResult};
 use crate::protocol::reply::Reply;
 use crate::protocol::session::Shared;
 use crate::store::Store;
+use axum::Extension;
 
 mod encode;
 
@@ -69,8 +70,13 @@ pub fn routes<S: Store>() -> Router<Arc<Shared<S>>> {
 }
 
 /// One scrape: the figures, in the format the client asked for.
-async fn scrape<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
-    if let Some(refusal) = refusal(&shared, &headers).await {
+async fn scrape<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    caller: Option<Extension<Caller>>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = caller.map(|Extension(c)| c);
+    if let Some(refusal) = refusal(&shared, &headers, caller.as_ref()).await {
         return refusal;
     }
     // After the token check: a refused client must not start the timings.
@@ -107,20 +113,34 @@ async fn scrape<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderM
 /// The answer to a scrape the tokens do not allow, if they are on (see the
 /// module's notes); the JSON API's bodies and headers, so a client sees one
 /// kind of refusal on the whole listener.
-async fn refusal<S: Store>(shared: &Shared<S>, headers: &HeaderMap) -> Option<Response> {
+async fn refusal<S: Store>(
+    shared: &Shared<S>,
+    headers: &HeaderMap,
+    caller: Option<&Caller>,
+) -> Option<Response> {
     let tokens = shared.config.tokens.as_ref()?;
     let Some(token) = bearer_token(headers) else {
         // A missing token is no guess: it is refused at once, unlogged.
         return Some(output::reply(Reply::Unauthorized));
     };
     match tokens.check(token) {
-        Some(grant) if grant.prefix().is_none() => None,
-        Some(_) => Some(output::reply(Reply::Forbidden)),
+        Some(grant) => {
+            if let Some(caller) = caller {
+                caller.failed(false);
+            }
+            if grant.prefix().is_none() {
+                None
+            } else {
+                Some(output::reply(Reply::Forbidden))
+            }
+        }
         None => {
-            warn!(route = "/metrics", "authentication failed");
-            // A scrape is a request of its own, with no run of failures
-            // before it: the first failure's wait, as for the API.
-            tokio::time::sleep(failure_delay(1)).await;
+            // As the API's: logged with the client's address, and each
+            // failure in a row on the connection waits longer.
+            let failures = caller.map_or(1, |c| c.failed(true));
+            let peer = caller.map(Caller::peer);
+            warn!(route = "/metrics", ?peer, failures, "authentication failed");
+            tokio::time::sleep(failure_delay(failures)).await;
             Some(output::reply(Reply::Unauthorized))
         }
     }

@@ -22,6 +22,7 @@
 //! own time limit, after which [`HEADER_TIMEOUT`] applies as usual.
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,8 +147,9 @@ pub async fn serve<S: Store>(
         let shutdown = shutdown.clone();
         match &tls {
             None => {
+                let fd = socket.as_raw_fd();
                 let conn = http.serve_connection(
-                    TokioIo::new(Unread::new(socket)),
+                    TokioIo::new(Unread::new(socket, fd)),
                     WithCaller::new(&app, peer),
                 );
                 tracker.spawn(async move {
@@ -157,10 +159,11 @@ pub async fn serve<S: Store>(
             }
             Some(tls) => {
                 let (tls, http, app) = (tls.clone(), http.clone(), app.clone());
+                let fd = socket.as_raw_fd();
                 tracker.spawn(async move {
                     if let Some(stream) = tls.accept_http(socket, peer, &shutdown).await {
                         let conn = http.serve_connection(
-                            TokioIo::new(Unread::new(stream)),
+                            TokioIo::new(Unread::new(stream, fd)),
                             WithCaller::new(&app, peer),
                         );
                         drive(conn, peer, &shutdown).await;
@@ -251,19 +254,59 @@ fn refuse(socket: TcpStream, tls: bool, lingering: &Arc<Semaphore>, tracker: &Ta
 }
 
 /// An HTTP connection's stream, whose writes fail once one has been
-/// blocked for [`UNREAD_TIMEOUT`] (the client reads nothing).
+/// blocked for [`UNREAD_TIMEOUT`] while the client read nothing.
+///
+/// "Blocked" alone is not "read nothing": the kernel wakes a blocked writer
+/// only once half its send buffer (megabytes, as it grows) is free again,
+/// which a client reading steadily at 100 KB/s takes longer than the limit
+/// to free. So while a write is blocked the socket's queue of bytes the
+/// client has not yet taken (`TIOCOUTQ`) is looked at every second; the
+/// limit counts from the last time it shrank.
 struct Unread<IO> {
     io: IO,
-    /// When the write blocked since then is given up.
-    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The socket under `io` (its TLS session's too).
+    fd: std::os::fd::RawFd,
+    /// While a write is blocked, what is known of the client's reading.
+    stalled: Option<Stalled>,
+}
+
+/// A blocked write: when to look again, the bytes the client had not
+/// taken at the last look, and when it last took some.
+struct Stalled {
+    look: std::pin::Pin<Box<tokio::time::Sleep>>,
+    queued: Option<u64>,
+    took: tokio::time::Instant,
+}
+
+/// How often a blocked write looks whether the client took bytes.
+const UNREAD_LOOK: Duration = Duration::from_secs(1);
+
+/// Bytes written to the socket `fd` that its peer has not acknowledged
+/// (taken into its own buffer, which a client that reads nothing fills).
+#[cfg(target_os = "linux")]
+fn unacknowledged(fd: std::os::fd::RawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int; `fd` is a socket its `Unread` owns.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unacknowledged(_fd: std::os::fd::RawFd) -> Option<u64> {
+    None
 }
 
 impl<IO> Unread<IO> {
-    fn new(io: IO) -> Unread<IO> {
-        Unread { io, stalled: None }
+    fn new(io: IO, fd: std::os::fd::RawFd) -> Unread<IO> {
+        Unread {
+            io,
+            fd,
+            stalled: None,
+        }
     }
 
-    /// What a write that got `polled` answers: blocked too long, an error.
+    /// What a write that got `polled` answers: blocked while the client
+    /// took nothing for [`UNREAD_TIMEOUT`], an error.
     fn limit<T>(
         &mut self,
         cx: &mut std::task::Context<'_>,
@@ -274,15 +317,31 @@ impl<IO> Unread<IO> {
             self.stalled = None;
             return polled;
         }
-        let stalled = self
-            .stalled
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(UNREAD_TIMEOUT)));
-        match stalled.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the client left its reply unread",
-            ))),
-            Poll::Pending => Poll::Pending,
+        let fd = self.fd;
+        let stalled = self.stalled.get_or_insert_with(|| Stalled {
+            look: Box::pin(tokio::time::sleep(UNREAD_LOOK)),
+            queued: unacknowledged(fd),
+            took: tokio::time::Instant::now(),
+        });
+        loop {
+            if stalled.look.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let now = tokio::time::Instant::now();
+            let queued = unacknowledged(fd);
+            if let (Some(before), Some(queued)) = (stalled.queued, queued)
+                && queued < before
+            {
+                stalled.took = now;
+            }
+            stalled.queued = queued;
+            if now.duration_since(stalled.took) >= UNREAD_TIMEOUT {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client left its reply unread",
+                )));
+            }
+            stalled.look.as_mut().reset(now + UNREAD_LOOK);
         }
     }
 }
