@@ -786,3 +786,40 @@ async fn the_dashboard_is_not_to_be_framed() {
     assert_eq!(headers["x-frame-options"], "DENY");
     assert_eq!(headers["content-security-policy"], "frame-ancestors 'none'");
 }
+
+/// A large body on a slow link is taken: its time grows with what has come
+/// (10 s, and a second more for every 10,000 bytes). It had 10 s in all,
+/// and a 240 KB body at 20 KB/s got 408.
+#[tokio::test]
+async fn a_large_body_on_a_slow_link_is_taken() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start_http(Backend::Memory).await;
+    let body = format!("{{\"body\":\"{}\"}}", "\\u0001".repeat(40_000));
+    let addr = server.http_url().trim_start_matches("http://").to_string();
+    let mut socket = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/tubes/slow/jobs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await.expect("send");
+    let started = Instant::now();
+    for piece in body.as_bytes().chunks(10_000) {
+        socket.write_all(piece).await.expect("send");
+        tokio::time::sleep(SEC / 2).await;
+    }
+    assert!(started.elapsed() > SEC * 11, "sent too fast to tell");
+    let mut reply = vec![0u8; 12];
+    tokio::time::timeout(SEC * 5, socket.read_exact(&mut reply))
+        .await
+        .expect("answered")
+        .expect("read");
+    assert_eq!(
+        &reply,
+        b"HTTP/1.1 201",
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+}

@@ -66,16 +66,22 @@ async fn one_param<St: Send + Sync>(parts: &mut Parts, state: &St) -> Result<Str
 /// ([`Limits::json_line`]: room for the largest job even if every byte of
 /// it is escaped): past that it is `JOB_TOO_BIG` at once (a `Content-Length`
 /// over it before a byte of the body is read), so a request holds at most
-/// that much memory. It must arrive within [`BODY_TIMEOUT`], or the request
-/// is answered 408 and its connection closed: a client that declares a
-/// body and never sends it would otherwise hold its connection, one of the
-/// capped number, for ever. A body that is not a JSON object is
+/// that much memory. It must arrive within [`BODY_TIMEOUT`] and a second
+/// more for every [`BODY_RATE`] bytes already come, or the request is
+/// answered 408 and its connection closed: a client that declares a body
+/// and never sends it, or trickles it, would otherwise hold its
+/// connection, one of the capped number, for ever; one on a slow link
+/// still gets its large body through. A body that is not a JSON object is
 /// `BAD_FORMAT`.
 pub struct Fields(pub Map<String, Value>);
 
 /// Longest a request's body may take to arrive, from when its head was
 /// read: as long as the head itself may take ([`crate::http::HEADER_TIMEOUT`]).
 pub const BODY_TIMEOUT: std::time::Duration = crate::http::HEADER_TIMEOUT;
+
+/// The slowest a body may come past [`BODY_TIMEOUT`], in bytes a second:
+/// the largest body of the default `-z` (394,234 bytes) then has 49 s.
+pub const BODY_RATE: u64 = 10_000;
 
 impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
     type Rejection = Response;
@@ -92,11 +98,11 @@ impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
         if declared.is_some_and(|n| n > limit as u64) {
             return Err(refuse(ClientError::JobTooBig));
         }
-        let bytes =
-            match tokio::time::timeout(BODY_TIMEOUT, read_body(req.into_body(), limit)).await {
-                Ok(read) => read.map_err(refuse)?,
-                Err(_) => return Err(too_slow()),
-            };
+        let bytes = match read_body(req.into_body(), limit).await {
+            Ok(bytes) => bytes,
+            Err(None) => return Err(too_slow()),
+            Err(Some(e)) => return Err(refuse(e)),
+        };
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Fields(Map::new()));
         }
@@ -118,15 +124,27 @@ fn too_slow() -> Response {
     response
 }
 
-/// The whole body, if it is at most `limit` bytes.
-async fn read_body(body: Body, limit: usize) -> Result<BytesMut, ClientError> {
+/// The whole body, if it is at most `limit` bytes and comes in time (see
+/// [`Fields`]); `Err(None)`: it did not.
+async fn read_body(body: Body, limit: usize) -> Result<BytesMut, Option<ClientError>> {
+    let started = tokio::time::Instant::now();
     let mut stream = body.into_data_stream();
     let mut bytes = BytesMut::new();
-    while let Some(chunk) = stream.next().await {
+    loop {
+        let came = bytes.len() as u64;
+        let until = started
+            + BODY_TIMEOUT
+            + std::time::Duration::from_millis(came.saturating_mul(1000) / BODY_RATE);
+        let Ok(next) = tokio::time::timeout_at(until, stream.next()).await else {
+            return Err(None);
+        };
+        let Some(chunk) = next else {
+            break;
+        };
         // The client stopped half way through its body.
-        let chunk = chunk.map_err(|_| ClientError::BadFormat)?;
+        let chunk = chunk.map_err(|_| Some(ClientError::BadFormat))?;
         if bytes.len() + chunk.len() > limit {
-            return Err(ClientError::JobTooBig);
+            return Err(Some(ClientError::JobTooBig));
         }
         bytes.extend_from_slice(&chunk);
     }
