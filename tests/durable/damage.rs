@@ -37,15 +37,11 @@ async fn bodies(dir: &Path) -> Vec<String> {
 async fn bodies_with(dir: &Path, args: &[&str]) -> Vec<String> {
     let daemon = Daemon::durable(dir, args).await;
     let mut c: Client = daemon.client().await;
-    let mut out = Vec::new();
-    loop {
-        let reply = c.cmd("reserve-with-timeout 0").await;
-        if reply == "TIMED_OUT" {
-            return out;
-        }
-        let job = c.job_after("RESERVED", &reply).await;
-        out.push(String::from_utf8(job.body).unwrap());
-    }
+    crate::reserve_all(&mut c)
+        .await
+        .into_iter()
+        .map(|job| String::from_utf8(job.body).unwrap())
+        .collect()
 }
 
 fn expected(n: usize) -> Vec<String> {

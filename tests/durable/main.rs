@@ -41,6 +41,19 @@ pub fn mounted_or_skipped<T>(mounted: Result<T, String>, what: &str) -> Option<T
     }
 }
 
+/// Every ready job of the server `c` is connected to, reserved one by one
+/// until none is left.
+pub async fn reserve_all(c: &mut common::Client) -> Vec<common::Job> {
+    let mut out = Vec::new();
+    loop {
+        let reply = c.cmd("reserve-with-timeout 0").await;
+        if reply == "TIMED_OUT" {
+            return out;
+        }
+        out.push(c.job_after("RESERVED", &reply).await);
+    }
+}
+
 /// The log files of a data directory, oldest first.
 pub fn log_files(dir: &Path) -> Vec<PathBuf> {
     files_named(dir, "log.")

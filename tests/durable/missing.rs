@@ -41,15 +41,11 @@ async fn filled(n: usize) -> (tempfile::TempDir, u64) {
 
 /// The server ids of the ready jobs of a server, reserved one by one.
 async fn ready_ids(c: &mut Client) -> Vec<u64> {
-    let mut out = Vec::new();
-    loop {
-        let reply = c.cmd("reserve-with-timeout 0").await;
-        if reply == "TIMED_OUT" {
-            return out;
-        }
-        let job = c.job_after("RESERVED", &reply).await;
-        out.push(job.id.parse().unwrap());
-    }
+    crate::reserve_all(c)
+        .await
+        .into_iter()
+        .map(|job| job.id.parse().unwrap())
+        .collect()
 }
 
 /// The refusal of a start on `dir`: it exits with an error, saying all
