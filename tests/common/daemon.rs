@@ -165,20 +165,20 @@ impl Daemon {
 
     /// Starts the binary on the Redis engine at `url`.
     pub async fn redis(url: &str) -> Daemon {
-        let daemon = Daemon::start(&["--redis", url]).await;
         // The port opens before the engine has reached Redis (a connection
         // waits in the backlog meanwhile): a test that breaks Redis at once
         // must not break the start-up instead, which then exits.
-        daemon.client().await.tubes().await;
-        daemon
+        Daemon::on_redis(&["--redis", url]).await
     }
 
-    /// Starts delayq with `args` (naming a Redis Cluster) and waits for a
-    /// round trip through it. The port opens before the engine has reached
-    /// the cluster, and a process started while a new cluster still settles
-    /// (several tests start theirs at once on two cores) may fail to reach
-    /// it in time and exit: it is started again, three times at most.
-    pub async fn cluster(args: &[&str]) -> Daemon {
+    /// Starts delayq with `args` (naming a Redis or a Redis Cluster) and
+    /// waits for a round trip through it. The port opens before the engine
+    /// has reached Redis, and a process started while a new cluster still
+    /// settles (several tests start theirs at once on two cores) may fail
+    /// to reach it in time and exit; and the port may have been another
+    /// test's short-lived process's (a start refused), whose connection
+    /// then resets. Either way it is started again, three times at most.
+    pub async fn on_redis(args: &[&str]) -> Daemon {
         let mut exited = None;
         for _ in 0..3 {
             let mut daemon = Daemon::start(args).await;
@@ -194,7 +194,7 @@ impl Daemon {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        panic!("delayq on the cluster kept exiting during start-up: {exited:?}");
+        panic!("delayq on Redis kept exiting during start-up: {exited:?}");
     }
 
     pub async fn client(&self) -> Client {

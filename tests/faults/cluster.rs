@@ -846,8 +846,8 @@ async fn failed_over_shards_reach_blocked_workers(how: Failover) {
     let (owners, node, replica) = blocking(&cluster, not_the_control_slots).await;
     let seeds = blocking(&cluster, |c| c.seeds()).await;
     let args = ["--redis-cluster", seeds.as_str()];
-    let producer_side = Daemon::cluster(&args).await;
-    let worker_side = Daemon::cluster(&args).await;
+    let producer_side = Daemon::on_redis(&args).await;
+    let worker_side = Daemon::on_redis(&args).await;
     let mut producer = producer_side.client().await;
     assert_eq!(producer.cmd("use wake").await, "USING wake");
     let mut ids = ids_on(owners, node, "wake");
