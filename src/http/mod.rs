@@ -57,11 +57,13 @@ pub const HTTP_CONN: crate::store::ConnId = u64::MAX - 1;
 /// closed after this long. Any real client sends its head in one go.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Longest a client may leave its reply unread: a write that has taken no
-/// byte for this long fails, and the connection is closed. A client that
-/// asks for a hundred large jobs and never reads the reply would otherwise
-/// hold the reply (several times the jobs' size, once escaped) for as long
-/// as it keeps the connection; closed, the jobs it held are ready again.
+/// Longest a client may leave its reply unread: a write during which the
+/// client took no byte for this long fails (see `Unread`), and the
+/// connection is closed. A client that asks for a hundred large jobs and
+/// never reads the reply would otherwise hold the reply (several times the
+/// jobs' size, once escaped) for as long as it keeps the connection. The
+/// jobs stay reserved by HTTP until their TTR, as any job reserved over
+/// HTTP.
 pub const UNREAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long shutdown waits for an HTTP connection to finish the request in
