@@ -812,6 +812,9 @@ enum Failover {
     /// Frozen with SIGSTOP until its replica took over, then thawed (it
     /// finds it lost its slots, and becomes a replica).
     Frozen,
+    /// Killed with SIGKILL, and not started again; delayq was given it as
+    /// its only seed.
+    KilledSeed,
 }
 
 /// Waits until `node`'s `ROLE` begins with `role`, at most a minute after
@@ -844,7 +847,12 @@ async fn wait_for_role(
 async fn failed_over_shards_reach_blocked_workers(how: Failover) {
     let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
     let (owners, node, replica) = blocking(&cluster, not_the_control_slots).await;
-    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let seeds = match how {
+        // The connections made anew after the failover cannot start from
+        // the seeds: they must know the cluster's other nodes by then.
+        Failover::KilledSeed => blocking(&cluster, move |c| c.urls()[node].clone()).await,
+        Failover::Killed | Failover::Frozen => blocking(&cluster, |c| c.seeds()).await,
+    };
     let args = ["--redis-cluster", seeds.as_str()];
     let producer_side = Daemon::on_redis(&args).await;
     let worker_side = Daemon::on_redis(&args).await;
@@ -864,6 +872,10 @@ async fn failed_over_shards_reach_blocked_workers(how: Failover) {
             wait_for_role(&cluster, replica, "master", failed).await;
             blocking(&cluster, move |c| c.cont(node)).await;
             wait_for_role(&cluster, node, "slave", failed).await;
+        }
+        Failover::KilledSeed => {
+            blocking(&cluster, move |c| c.kill(node)).await;
+            blocking(&cluster, move |c| c.wait_for_failover(node)).await;
         }
     }
     // The failed-over shards take puts again through the producer's side.
@@ -931,4 +943,10 @@ async fn a_killed_primarys_shards_reach_workers_blocked_on_another_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_primarys_shards_reach_workers_blocked_on_another_process() {
     failed_over_shards_reach_blocked_workers(Failover::Frozen).await;
+}
+
+/// The same, when the primary killed for good was delayq's only seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_blocked_on_another_process_are_served_after_the_only_seed_died() {
+    failed_over_shards_reach_blocked_workers(Failover::KilledSeed).await;
 }

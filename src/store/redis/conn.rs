@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::connect::{Nodes, cluster_client};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
@@ -291,7 +291,7 @@ const STUCK_AFTER: Duration = Duration::from_secs(4);
 /// replaces it, while the old one keeps serving (or failing) until then.
 #[derive(Clone)]
 pub(super) struct Watched {
-    client: Arc<ClusterClient>,
+    nodes: Arc<Nodes>,
     state: Arc<Mutex<Watch>>,
 }
 
@@ -319,11 +319,14 @@ fn unreachable(e: &RedisError) -> bool {
 }
 
 impl Watched {
-    /// Connects to the cluster through `client`'s seeds.
-    pub async fn connect(client: ClusterClient) -> RedisResult<Watched> {
-        let conn = client.get_async_connection().await?;
+    /// Connects to the cluster through `nodes`.
+    pub async fn connect(nodes: Arc<Nodes>) -> RedisResult<Watched> {
+        let mut conn = cluster_client(&nodes)?.get_async_connection().await?;
+        // Known from the start, in case the seeds are gone by the time a
+        // connection is made anew.
+        nodes.ask(&mut conn).await;
         Ok(Watched {
-            client: Arc::new(client),
+            nodes,
             state: Arc::new(Mutex::new(Watch {
                 conn,
                 failing: HashMap::new(),
@@ -374,8 +377,12 @@ impl Watched {
     }
 
     async fn rebuild(self) {
-        let fresh =
-            tokio::time::timeout(CALL_TIMEOUT * 2, self.client.get_async_connection()).await;
+        let connecting = async {
+            let mut conn = cluster_client(&self.nodes)?.get_async_connection().await?;
+            self.nodes.ask(&mut conn).await;
+            Ok::<_, RedisError>(conn)
+        };
+        let fresh = tokio::time::timeout(CALL_TIMEOUT * 2, connecting).await;
         let mut watch = self.lock();
         watch.rebuilding = false;
         match fresh {

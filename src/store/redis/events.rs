@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::conn::{CALL_TIMEOUT, Followed, bounded};
+use super::connect::Nodes;
 use super::shards::{SHARDS, Sharding, slot};
 use crate::names::{Tube, parse_u64};
 use crate::store::StoreEvent;
@@ -162,7 +163,7 @@ pub(super) type CatchUps = mpsc::UnboundedSender<oneshot::Sender<()>>;
 /// are answered. Requests that come while a `PING` is out wait for the
 /// next one (their news may have been sent after it).
 pub(super) async fn listen_shards(
-    seeds: Vec<String>,
+    nodes: Arc<Nodes>,
     sharding: Arc<Sharding>,
     tx: mpsc::Sender<StoreEvent>,
     mut catch_ups: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
@@ -172,7 +173,7 @@ pub(super) async fn listen_shards(
     loop {
         let session = async {
             let (push, mut pushed) = mpsc::unbounded_channel();
-            let client = ClusterClient::builder(seeds.clone())
+            let client = ClusterClient::builder(nodes.all())
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(push)
                 .connection_timeout(CALL_TIMEOUT)
@@ -205,6 +206,9 @@ pub(super) async fn listen_shards(
                     return Err(lost("a shard's channel was subscribed on a replica"));
                 }
             }
+            // Learnt now and again later, so that the next session can
+            // begin from nodes that are up even if every seed is down.
+            nodes.ask(&mut conn).await;
             if connected_before {
                 info!("Redis Cluster events channels back");
             }
@@ -217,6 +221,8 @@ pub(super) async fn listen_shards(
             check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             check.tick().await;
             let mut checking = false;
+            let mut checks = 0_u32;
+            let mut learn_due = false;
             loop {
                 tokio::select! {
                     msg = pushed.recv() => match msg {
@@ -228,7 +234,11 @@ pub(super) async fn listen_shards(
                         None => break,
                     },
                     Some(done) = catch_ups.recv() => asked.push(done),
-                    _ = check.tick(), if ping.is_none() => checking = true,
+                    _ = check.tick(), if ping.is_none() => {
+                        checking = true;
+                        checks = checks.wrapping_add(1);
+                        learn_due |= checks.is_multiple_of(LEARN_EVERY);
+                    }
                     answered = async { ping.as_mut().expect("a PING is out").await },
                         if ping.is_some() =>
                     {
@@ -252,9 +262,14 @@ pub(super) async fn listen_shards(
                     checking = false;
                     pinged = std::mem::take(&mut asked);
                     let mut conn = conn.clone();
+                    let learn = std::mem::take(&mut learn_due).then(|| Arc::clone(&nodes));
                     ping = Some(Box::pin(async move {
                         let ping = redis::cmd("PING");
-                        bounded(ping.query_async::<Value>(&mut conn)).await.is_ok()
+                        let answered = bounded(ping.query_async::<Value>(&mut conn)).await.is_ok();
+                        if let (true, Some(nodes)) = (answered, learn) {
+                            nodes.ask(&mut conn).await;
+                        }
+                        answered
                     }));
                 }
             }
@@ -281,6 +296,10 @@ pub(super) async fn listen_shards(
 /// every 2 s, so that a frozen primary's failover is noticed within about
 /// 4 s (the `PING`'s own time limit included).
 const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Every how many checks the cluster's nodes are asked for again (one
+/// `CLUSTER SLOTS` a minute), so that nodes added since are known.
+const LEARN_EVERY: u32 = 30;
 
 /// Whether `ROLE` answered that the node is a primary.
 fn is_primary(role: &Value) -> bool {

@@ -195,6 +195,8 @@ impl RedisStore {
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
         );
         let mut catching_up = None;
+        // The cluster's nodes as far as known, shared by its connections.
+        let mut cluster_nodes = None;
         let (conn, sharding) = match &target {
             Target::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(fail)?;
@@ -218,7 +220,9 @@ impl RedisStore {
                 (Conn::Sentinel(followed), None)
             }
             Target::Cluster(seeds) => {
-                let conn = connect::cluster(seeds).await?;
+                let nodes = Arc::new(connect::Nodes::new(seeds).map_err(fail)?);
+                cluster_nodes = Some(Arc::clone(&nodes));
+                let conn = connect::cluster(&nodes).await?;
                 let sharding = Arc::new(Sharding::new(
                     &options.prefix,
                     options.spread,
@@ -226,7 +230,7 @@ impl RedisStore {
                 ));
                 let (catch_up, catch_ups) = mpsc::unbounded_channel();
                 tokio::spawn(events::listen_shards(
-                    seeds.clone(),
+                    nodes,
                     sharding.clone(),
                     tx,
                     catch_ups,
@@ -248,7 +252,10 @@ impl RedisStore {
             (Some(_), Target::Sentinel { sentinels, master }) => Some(Conn::Sentinel(
                 conn::Followed::new(sentinels, master).map_err(fail)?,
             )),
-            (Some(_), Target::Cluster(seeds)) => Some(connect::cluster(seeds).await?),
+            (Some(_), Target::Cluster(_)) => {
+                let nodes = cluster_nodes.as_ref().expect("made above, for a cluster");
+                Some(connect::cluster(nodes).await?)
+            }
         };
         let mut conn = conn;
         connect::prepare(&mut conn, &tag, &library).await?;
