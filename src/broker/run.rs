@@ -1,14 +1,17 @@
 //! The broker's background work: the timer, and the events of an engine
 //! shared with other processes.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::Broker;
 use super::timer::PreciseSleep;
+use crate::names::Tube;
 use crate::store::{Store, StoreEvent};
 
 /// How long the timer waits before retrying a tick that failed.
@@ -22,19 +25,50 @@ impl<S: Store> Broker<S> {
             return;
         };
         loop {
-            let event = tokio::select! {
+            let first = tokio::select! {
                 event = events.recv() => event,
                 () = shutdown.cancelled() => return,
             };
-            match event {
-                Some(StoreEvent::Ready(tube)) => self.serve(&[tube], true).await,
-                Some(StoreEvent::Due(after)) => self.alarm.schedule(after),
-                Some(StoreEvent::Resync) => {
-                    self.reschedule.notify_one();
-                    self.serve(&self.waiters.tubes(), true).await;
+            // Everything announced while the last pass ran is served in one
+            // pass. One pass per announcement, in turn, fell behind a busy
+            // tube's (on a cluster, 160 puts a second through another
+            // process): a quiet tube's news waited behind them, and a reviewer
+            // saw its job reach the worker blocked for it up to 11 s late.
+            let mut ready: HashSet<Tube> = HashSet::new();
+            let mut resync = false;
+            let mut closed = false;
+            let mut next = first;
+            loop {
+                match next {
+                    Some(StoreEvent::Ready(tube)) => {
+                        ready.insert(tube);
+                    }
+                    Some(StoreEvent::Due(after)) => self.alarm.schedule(after),
+                    Some(StoreEvent::Resync) => {
+                        self.reschedule.notify_one();
+                        resync = true;
+                    }
+                    Some(StoreEvent::Schedules) => self.reschedule.notify_one(),
+                    None => {
+                        closed = true;
+                        break;
+                    }
                 }
-                Some(StoreEvent::Schedules) => self.reschedule.notify_one(),
-                None => return,
+                next = match events.try_recv() {
+                    Ok(event) => Some(event),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => None,
+                };
+            }
+            if resync {
+                ready.extend(self.waiters.tubes());
+            }
+            if !ready.is_empty() {
+                let tubes: Vec<Tube> = ready.into_iter().collect();
+                self.serve(&tubes, true).await;
+            }
+            if closed {
+                return;
             }
         }
     }

@@ -950,3 +950,83 @@ async fn a_frozen_primarys_shards_reach_workers_blocked_on_another_process() {
 async fn workers_blocked_on_another_process_are_served_after_the_only_seed_died() {
     failed_over_shards_reach_blocked_workers(Failover::KilledSeed).await;
 }
+
+/// News of a busy tube does not hold up news of another. A process served
+/// each tube another process announced in a pass of its own, one after
+/// the other, so with workers waiting on a busy tube its announcements
+/// queued up ahead of a quiet tube's: a reviewer saw a job put on a quiet
+/// tube reach the worker blocked on the other process 1 to 11 s late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_tubes_news_does_not_delay_another_tubes() {
+    let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let args = ["--redis-cluster", seeds.as_str()];
+    let sides = [
+        Arc::new(Daemon::on_redis(&args).await),
+        Arc::new(Daemon::on_redis(&args).await),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for side in &sides {
+        for reserve in ["reserve-with-timeout 2", "reserve-with-timeout 1"].repeat(2) {
+            let (side, stop) = (Arc::clone(side), Arc::clone(&stop));
+            busy.push(tokio::spawn(async move {
+                let mut w = side.client().await;
+                assert_eq!(w.cmd("watch busy").await, "WATCHING 2");
+                assert_eq!(w.cmd("ignore default").await, "WATCHING 1");
+                while !stop.load(Ordering::Relaxed) {
+                    let line = w.cmd(reserve).await;
+                    if line != "TIMED_OUT" {
+                        let job = w.job_after("RESERVED", &line).await;
+                        assert_eq!(w.cmd(&format!("delete {}", job.id)).await, "DELETED");
+                    }
+                }
+            }));
+        }
+        let (side, stop) = (Arc::clone(side), Arc::clone(&stop));
+        busy.push(tokio::spawn(async move {
+            let mut p = side.client().await;
+            assert_eq!(p.cmd("use busy").await, "USING busy");
+            // Paced, so that the busy tube's workers are mostly waiting:
+            // each announcement then costs the other process a pass.
+            while !stop.load(Ordering::Relaxed) {
+                assert!(p.put(0, 0, 60, b"busy").await.starts_with("INSERTED "));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }));
+    }
+    let mut worker = sides[1].client().await;
+    assert_eq!(worker.cmd("watch quiet").await, "WATCHING 2");
+    assert_eq!(worker.cmd("ignore default").await, "WATCHING 1");
+    let mut producer = sides[0].client().await;
+    assert_eq!(producer.cmd("use quiet").await, "USING quiet");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut slowest = Duration::ZERO;
+    for n in 0..150 {
+        worker.send_line("reserve").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let put = Instant::now();
+        let body = format!("quiet {n}");
+        assert!(
+            producer
+                .put(0, 0, 60, body.as_bytes())
+                .await
+                .starts_with("INSERTED ")
+        );
+        let line = worker.line_within(Duration::from_secs(30)).await;
+        let job = worker.job_after("RESERVED", &line).await;
+        slowest = slowest.max(put.elapsed());
+        assert_eq!(job.body, body.as_bytes());
+        assert_eq!(worker.cmd(&format!("delete {}", job.id)).await, "DELETED");
+    }
+    eprintln!("the slowest job on the quiet tube reached its worker in {slowest:.2?}");
+    stop.store(true, Ordering::Relaxed);
+    for task in busy {
+        task.await.expect("a busy client");
+    }
+    assert!(
+        slowest < Duration::from_millis(250),
+        "a job on the quiet tube reached the worker blocked on the other process only \
+         after {slowest:.2?}"
+    );
+}
