@@ -399,3 +399,52 @@ async fn a_delete_in_doubt_leaves_no_deadline_soon_behind() {
     );
     assert_eq!(c.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
 }
+
+/// Redis lost its data (here a `FLUSHALL`; a restart without persistence
+/// is the same) while a worker was blocked on one process, and a job is
+/// put through another at once. With no process registered, the put's
+/// news went out to nobody (a call tells the others only when it finds
+/// more than one process registered), and nothing else told the worker's
+/// process: a reviewer saw the worker wait over a minute with the job
+/// ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_put_just_after_redis_lost_its_data_reaches_a_worker_on_another_process() {
+    let redis = RedisServer::start(&[]);
+    let a = common::daemon::Daemon::redis(&redis.url).await;
+    let b = common::daemon::Daemon::redis(&redis.url).await;
+    let mut worker = a.client().await;
+    assert_eq!(worker.cmd("watch lost").await, "WATCHING 2");
+    assert_eq!(worker.cmd("ignore default").await, "WATCHING 1");
+    worker.send_line("reserve-with-timeout 10").await;
+    let mut producer = b.client().await;
+    assert_eq!(producer.cmd("use lost").await, "USING lost");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = ::redis::Client::open(redis.url.as_str()).expect("redis URL");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the test's redis-server");
+    let flushed: String = ::redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .expect("FLUSHALL");
+    assert_eq!(flushed, "OK");
+    let put = Instant::now();
+    let reply = producer.put(0, 0, 60, b"after the loss").await;
+    assert!(reply.starts_with("INSERTED "), "{reply}");
+    let line = worker.line_within(Duration::from_secs(12)).await;
+    assert!(
+        line.starts_with("RESERVED "),
+        "the worker blocked on the other process answered {line} {:.1?} after the put",
+        put.elapsed()
+    );
+    assert_eq!(
+        worker.job_after("RESERVED", &line).await.body,
+        b"after the loss"
+    );
+    assert!(
+        put.elapsed() < Duration::from_secs(2),
+        "the worker got the job {:.1?} after it was put",
+        put.elapsed()
+    );
+}

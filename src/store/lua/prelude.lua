@@ -195,9 +195,12 @@ end
 -- Whether other delayq processes share this Redis and so must hear of what
 -- this call did; asked once per call. A process that joins registers
 -- before it takes connections, so no waiting worker of its misses a word.
+-- None registered means Redis lost its data (a restart without
+-- persistence, a FLUSHALL): until the processes beat again, anyone may be
+-- waiting.
 local shared
 local function others()
-  if shared == nil then shared = redis.call('SCARD', P .. 'processes') > 1 end
+  if shared == nil then shared = redis.call('SCARD', P .. 'processes') ~= 1 end
   return shared
 end
 

@@ -45,7 +45,16 @@ local function heartbeat(process)
   end
   -- Its counts were forgotten (it was taken for dead) or lost (Redis lost
   -- its data): the process sends them all again.
-  if redis.call('HEXISTS', P .. 'refs:' .. process, '#') == 0 then lost_refs = 1 end
+  if redis.call('HEXISTS', P .. 'refs:' .. process, '#') == 0 then
+    lost_refs = 1
+    -- Until every process has beaten again, a call that found only one
+    -- process may have told nobody of the jobs it made ready (see
+    -- `others`): every process serves all its waiting workers anew. (On a
+    -- cluster every shard's news goes out whatever the processes.)
+    if not SHARDED and not CONTROL then
+      redis.call('PUBLISH', P .. 'events', 'resync:')
+    end
+  end
 end
 
 local function ticked(next_ms)

@@ -53,6 +53,9 @@ fn event(payload: &[u8]) -> Option<StoreEvent> {
     if payload == b"schedules:" {
         return Some(StoreEvent::Schedules);
     }
+    if payload == b"resync:" {
+        return Some(StoreEvent::Resync);
+    }
     match payload.strip_prefix(b"due:") {
         Some(ms) => parse_u64(ms).map(|ms| StoreEvent::Due(Duration::from_millis(ms))),
         None => Tube::parse(payload).map(StoreEvent::Ready),
@@ -385,6 +388,7 @@ mod tests {
         );
         assert_eq!(event(b"due:x"), None);
         assert_eq!(event(b"schedules:"), Some(StoreEvent::Schedules));
+        assert_eq!(event(b"resync:"), Some(StoreEvent::Resync));
         assert_eq!(
             head(b"h 1700000000000001 orders 1024 00000000002a"),
             Some((
