@@ -2,6 +2,7 @@
 //! longest waiting first, and concurrent callers share passes.
 
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
@@ -18,6 +19,12 @@ use crate::store::Store;
 const FIRST_ROUND: usize = 8;
 /// The most waiting connections one round reserves for.
 const MAX_ROUND: usize = 1024;
+/// How soon the timer serves again the tubes of a hand-out that failed.
+/// Nothing else would: the news that a tube has ready jobs came once, and
+/// the waiters it was for would sleep until the next (a reviewer saw a
+/// worker wait 10 s, until a frozen Redis primary was thawed, for a job
+/// put on a healthy one).
+pub(super) const PASS_RETRY: Duration = Duration::from_millis(500);
 
 /// Which tubes are due a hand-out pass, and which `serve` calls are done.
 #[derive(Default)]
@@ -119,6 +126,7 @@ impl<S: Store> Broker<S> {
         // every waiter's reserve fails at once, and a line each made a
         // burst of them (a reviewer counted 11 in a second).
         let mut failed = None;
+        let mut retry: Vec<Tube> = Vec::new();
         while let Some(tube) = tubes.get(next).cloned() {
             next += 1;
             let mut round = FIRST_ROUND;
@@ -156,6 +164,11 @@ impl<S: Store> Broker<S> {
                         }
                         Err(e) => {
                             failed.get_or_insert((tube.clone(), e));
+                            for t in head.tubes.iter() {
+                                if !retry.contains(t) {
+                                    retry.push(t.clone());
+                                }
+                            }
                             all = false;
                         }
                     }
@@ -173,7 +186,15 @@ impl<S: Store> Broker<S> {
             self.wake_if_held_back();
         }
         if let Some((tube, e)) = failed {
-            warn!(%tube, error = %e, "cannot hand out jobs");
+            warn!(%tube, error = %e, "cannot hand out jobs; trying again shortly");
+            let mut later = self.retry.lock().unwrap_or_else(PoisonError::into_inner);
+            for t in retry {
+                if !later.contains(&t) {
+                    later.push(t);
+                }
+            }
+            drop(later);
+            self.alarm.schedule(PASS_RETRY);
         }
     }
 

@@ -17,7 +17,7 @@
 //! The rules every engine follows alike (the TTR floor) are applied here too.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -56,6 +56,9 @@ pub struct Broker<S> {
     reschedule: tokio::sync::Notify,
     /// Store call times and the timer's lateness, for `/metrics`.
     instruments: Instruments,
+    /// Tubes whose hand-out failed (the store was away): the timer serves
+    /// them again shortly (see `handout::PASS_RETRY`).
+    retry: std::sync::Mutex<Vec<Tube>>,
 }
 
 impl<S: Store> Broker<S> {
@@ -69,6 +72,7 @@ impl<S: Store> Broker<S> {
             alarm: Alarm::new(),
             reschedule: tokio::sync::Notify::new(),
             instruments: Instruments::default(),
+            retry: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -468,9 +472,22 @@ impl<S: Store> Broker<S> {
     /// Moves what has fallen due and hands it out. Returns the time until
     /// the next due time, if anything is pending.
     pub async fn tick(&self) -> StoreResult<Option<Duration>> {
-        let tick = self.call(StoreOp::Tick, self.store.tick()).await?;
-        self.serve(&tick.ready, true).await;
-        Ok(tick.next)
+        let (mut tubes, next) = match self.call(StoreOp::Tick, self.store.tick()).await {
+            Ok(tick) => (tick.ready, Ok(tick.next)),
+            Err(e) => (Vec::new(), Err(e)),
+        };
+        // The hand-outs that failed are tried anew, whether or not the tick
+        // went through: on a cluster a tick touches every shard this process
+        // ticks, and fails while any of their primaries is away, when the
+        // waiting workers' jobs may be on others.
+        let retry = std::mem::take(&mut *self.retry.lock().unwrap_or_else(PoisonError::into_inner));
+        for tube in retry {
+            if !tubes.contains(&tube) {
+                tubes.push(tube);
+            }
+        }
+        self.serve(&tubes, true).await;
+        next
     }
 
     async fn ready_or_later(&self, tube: Tube, after: Duration) {

@@ -1030,3 +1030,64 @@ async fn a_busy_tubes_news_does_not_delay_another_tubes() {
          after {slowest:.2?}"
     );
 }
+
+/// While a primary is frozen and after its replica took over, a job put on
+/// a healthy primary's shard reaches the worker blocked for it on another
+/// process, the old primary still frozen. The hand-out for it failed while
+/// the frozen node held up the calls, and nothing tried again: a reviewer
+/// saw the worker wait, in three of five freezes, until the node was thawed
+/// (8 to 20 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_gets_a_healthy_shards_job_while_another_primary_is_frozen() {
+    let cluster = start_shared(|| RedisCluster::start(3, 1)).await;
+    let (owners, node, replica) = blocking(&cluster, not_the_control_slots).await;
+    let healthy = blocking(&cluster, move |c| {
+        c.masters()
+            .into_iter()
+            .find(|&m| m != node)
+            .expect("another primary")
+    })
+    .await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let args = ["--redis-cluster", seeds.as_str()];
+    let producer_side = Daemon::on_redis(&args).await;
+    let worker_side = Daemon::on_redis(&args).await;
+    let mut producer = producer_side.client().await;
+    assert_eq!(producer.cmd("use thawless").await, "USING thawless");
+    let mut worker = worker_side.client().await;
+    assert_eq!(worker.cmd("watch thawless").await, "WATCHING 2");
+    assert_eq!(worker.cmd("ignore default").await, "WATCHING 1");
+    worker.send_line("reserve-with-timeout 60").await;
+    // Parked before the freeze: its first look is not what is tested.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut ids = ids_on(owners, healthy, "thawless");
+
+    let frozen = Instant::now();
+    blocking(&cluster, move |c| c.stop(node)).await;
+    wait_for_role(&cluster, replica, "master", frozen).await;
+    let put = loop {
+        let reply = producer
+            .put_id(0, 0, 60, b"healthy", &ids.next().expect("an id"))
+            .await;
+        if reply.starts_with("INSERTED ") {
+            break Instant::now();
+        }
+        assert_eq!(reply, "INTERNAL_ERROR");
+        assert!(
+            frozen.elapsed() < Duration::from_secs(40),
+            "puts on a healthy primary's shard still failed 40 s after the freeze"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let line = worker.line_within(Duration::from_secs(62)).await;
+    let served = put.elapsed();
+    blocking(&cluster, move |c| c.cont(node)).await;
+    assert!(line.starts_with("RESERVED "), "{line}");
+    assert_eq!(worker.job_after("RESERVED", &line).await.body, b"healthy");
+    eprintln!("a healthy shard's job reached the worker {served:.1?} after its put");
+    assert!(
+        served < Duration::from_secs(12),
+        "the worker got a healthy shard's job only {served:.1?} after its put, \
+         while another primary was frozen"
+    );
+}

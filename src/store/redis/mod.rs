@@ -17,7 +17,7 @@
 //! clock inside the functions, so processes on different hosts agree on when
 //! a job is due.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -153,19 +153,22 @@ pub struct RedisStore {
     _listener: DropGuard,
 }
 
-/// A look at what every shard holds ([`RedisStore::rescan`]) under way.
+/// A look at what the shards hold ([`RedisStore::rescan`]) under way.
 struct Scan<'a> {
     scanning: &'a AtomicBool,
-    rescan: &'a AtomicBool,
+    rescan: &'a AtomicU64,
+    /// The shards asked, and those that did not answer.
+    asked: u64,
+    failed: u64,
     done: bool,
 }
 
 impl Drop for Scan<'_> {
     fn drop(&mut self) {
-        if !self.done {
-            // Failed or cut off: the next reserve asks again.
-            self.rescan.store(true, Ordering::Release);
-        }
+        // Cut off: every shard asked is asked again by the next reserve;
+        // else those that failed.
+        let again = if self.done { self.failed } else { self.asked };
+        self.rescan.fetch_or(again, Ordering::AcqRel);
         self.scanning.store(false, Ordering::Release);
     }
 }
@@ -419,31 +422,55 @@ impl RedisStore {
     /// among the shards from what was known before, and could take the job
     /// that an earlier reserve, for a connection waiting longer, was to
     /// have.
-    async fn rescan(&self, s: &Sharding) -> StoreResult<()> {
-        if !s.rescan.load(Ordering::Acquire) && !self.scanning.load(Ordering::Acquire) {
-            return Ok(());
+    ///
+    /// Only the shards whose news may have been missed are asked. One that
+    /// does not answer (its primary frozen or failing over) is asked again
+    /// by the next reserve, and meanwhile the others' jobs are served: a
+    /// reserve waited on the whole look, which failed while any primary
+    /// was away, so a frozen primary held up every tube's reserves. The
+    /// error is handed back for the reserve to give, should it find
+    /// nothing (the shard may hold its job); all failing is an error.
+    async fn rescan(&self, s: &Sharding) -> StoreResult<Option<StoreError>> {
+        if s.rescan.load(Ordering::Acquire) == 0 && !self.scanning.load(Ordering::Acquire) {
+            return Ok(None);
         }
         let _one = self.rescanning.lock().await;
-        if !s.rescan.load(Ordering::Acquire) {
-            return Ok(());
+        let asked = s.rescan.swap(0, Ordering::AcqRel);
+        if asked == 0 {
+            return Ok(None);
         }
         // While it runs, `scanning` tells reserves to wait; should it be
         // cut off (its command dropped), the next reserve asks again.
         let mut scan = Scan {
             scanning: &self.scanning,
             rescan: &s.rescan,
+            asked,
+            failed: 0,
             done: false,
         };
         self.scanning.store(true, Ordering::Release);
-        s.rescan.store(false, Ordering::Release);
+        let shards: Vec<usize> = (0..shards::SHARDS)
+            .filter(|q| asked & (1 << q) != 0)
+            .collect();
         let got = join_all(
-            (0..shards::SHARDS).map(|q| self.op_on(q, Kind::Reads, "inventory", Vec::new())),
+            shards
+                .iter()
+                .map(|&q| self.op_on(q, Kind::Reads, "inventory", Vec::new())),
         )
         .await;
         // The first ready jobs come back with each call (its heads).
-        let result = got.into_iter().find_map(Result::err).map_or(Ok(()), Err);
-        scan.done = result.is_ok();
-        result
+        let mut error = None;
+        for (&q, got) in shards.iter().zip(got) {
+            if let Err(e) = got {
+                scan.failed |= 1 << q;
+                error.get_or_insert(e);
+            }
+        }
+        scan.done = true;
+        match error {
+            Some(e) if scan.failed == asked => Err(e),
+            unknown => Ok(unknown),
+        }
     }
 
     /// A reserve on a cluster: in the shard whose first ready job is the
@@ -457,7 +484,7 @@ impl RedisStore {
         tubes: &[Tube],
         max: usize,
     ) -> StoreResult<Vec<Reserved>> {
-        self.rescan(s).await?;
+        let unknown = self.rescan(s).await?;
         // Shards (per tube) that had nothing, or failed: not asked again.
         let mut tried: Vec<(usize, Tube)> = Vec::new();
         let (mut failed, mut answered) = (None, false);
@@ -478,9 +505,11 @@ impl RedisStore {
             // one can win): together they still take the oldest jobs.
             let claim = s.claim(&untried);
             let Some((shard, t)) = claim.as_ref().map(|c| c.target().clone()) else {
-                // Every shard tried failed: say so rather than "none".
-                return match failed {
-                    Some(e) if !answered && out.is_empty() => Err(e),
+                // Every shard tried failed, or a shard that may hold a job
+                // could not be looked at: say so rather than "none".
+                return match (failed, unknown) {
+                    (Some(e), _) if !answered && out.is_empty() => Err(e),
+                    (_, Some(e)) if out.is_empty() => Err(e),
                     _ => Ok(out),
                 };
             };

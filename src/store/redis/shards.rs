@@ -37,7 +37,7 @@
 //!   take a job a little out of order.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -46,6 +46,9 @@ use crate::names::{JobId, Tube};
 /// Shards of a cluster deployment. Fixed: a server id says its shard as its
 /// remainder by this number.
 pub const SHARDS: usize = 64;
+
+/// Every shard, as a set of bits (see `Sharding::rescan`).
+pub const ALL_SHARDS: u64 = u64::MAX >> (64 - SHARDS);
 /// Slots in a Redis Cluster.
 const SLOTS: usize = 16_384;
 /// How long (µs of Redis time) a shard's "no ready jobs" is kept, to outweigh
@@ -172,8 +175,9 @@ pub(super) struct Sharding {
     live: Mutex<Vec<String>>,
     /// Paused tubes and when their pause ends.
     pauses: Mutex<HashMap<Tube, Instant>>,
-    /// The shards' news may have been missed: heads are to be learnt again.
-    pub rescan: AtomicBool,
+    /// The shards whose news may have been missed (bit `k` for shard `k`):
+    /// their heads are to be learnt again.
+    pub rescan: AtomicU64,
     /// Reserves under way, per shard and tube.
     claims: Mutex<HashMap<(usize, Tube), usize>>,
 }
@@ -223,7 +227,7 @@ impl Sharding {
             due: Mutex::new(vec![(Due::Unknown, 0); SHARDS]),
             live: Mutex::new(Vec::new()),
             pauses: Mutex::new(HashMap::new()),
-            rescan: AtomicBool::new(true),
+            rescan: AtomicU64::new(ALL_SHARDS),
             claims: Mutex::new(HashMap::new()),
         }
     }
@@ -415,7 +419,7 @@ impl Sharding {
             *news += 1;
         }
         self.rescan
-            .store(true, std::sync::atomic::Ordering::Release);
+            .store(ALL_SHARDS, std::sync::atomic::Ordering::Release);
     }
 
     /// The live processes are now `live`; shards that pass to `me` are
