@@ -287,7 +287,8 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     }
     info!(
         dir = %dir.display(), jobs = live_jobs, records = got.records,
-        skipped = got.skipped, took_ms = started.elapsed().as_millis() as u64,
+        skipped = got.skipped, damaged_rests_skipped = got.rests_skipped,
+        took_ms = started.elapsed().as_millis() as u64,
         "recovered the data directory"
     );
     let shared = Arc::new(Shared::new(

@@ -58,6 +58,9 @@ pub struct Recovered {
     pub records: u64,
     /// Records skipped as damaged (only with salvage).
     pub skipped: u64,
+    /// Files whose damaged rest was skipped (only with salvage): how many
+    /// records it held cannot be told, so `skipped` does not count them.
+    pub rests_skipped: u64,
     /// Log files wholly before the snapshot, left by a compaction cut
     /// short: needless, to be removed once the start has succeeded.
     pub leftovers: Vec<PathBuf>,
@@ -126,6 +129,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         replayed_bytes: 0,
         records: 0,
         skipped: 0,
+        rests_skipped: 0,
         leftovers: Vec::new(),
         damaged: Vec::new(),
         head_lowered: false,
@@ -429,7 +433,9 @@ fn replay_file(
             }
             None => {
                 warn!(file = %path.display(), offset = at, reason = %why,
-                    "skipped the damaged rest of a log file (--salvage)");
+                    "skipped the damaged rest of a log file (--salvage); how many \
+                     records it held cannot be told");
+                out.rests_skipped += 1;
                 return Ok(data.len() as u64);
             }
         }
@@ -509,7 +515,9 @@ fn load_snapshot(
             }
             None => {
                 warn!(file = %path.display(), offset = at, reason = %why,
-                    "skipped the damaged rest of a snapshot (--salvage)");
+                    "skipped the damaged rest of a snapshot (--salvage); how many \
+                     records it held cannot be told");
+                out.rests_skipped += 1;
                 return Ok(data.len() as u64);
             }
         }
