@@ -225,7 +225,6 @@ pub(super) async fn listen_shards(
             check.tick().await;
             let mut checking = false;
             let mut checks = 0_u32;
-            let mut learn_due = false;
             loop {
                 tokio::select! {
                     msg = pushed.recv() => match msg {
@@ -240,7 +239,6 @@ pub(super) async fn listen_shards(
                     _ = check.tick(), if ping.is_none() => {
                         checking = true;
                         checks = checks.wrapping_add(1);
-                        learn_due |= checks.is_multiple_of(LEARN_EVERY);
                     }
                     answered = async { ping.as_mut().expect("a PING is out").await },
                         if ping.is_some() =>
@@ -262,10 +260,13 @@ pub(super) async fn listen_shards(
                     }
                 }
                 if ping.is_none() && (checking || !asked.is_empty()) {
+                    // A check's tick is always taken up here, in the same
+                    // turn (it fires only while no PING is out).
+                    let learn = (checking && checks.is_multiple_of(LEARN_EVERY))
+                        .then(|| Arc::clone(&nodes));
                     checking = false;
                     pinged = std::mem::take(&mut asked);
                     let mut conn = conn.clone();
-                    let learn = std::mem::take(&mut learn_due).then(|| Arc::clone(&nodes));
                     ping = Some(Box::pin(async move {
                         let ping = redis::cmd("PING");
                         let answered = bounded(ping.query_async::<Value>(&mut conn)).await.is_ok();
