@@ -46,6 +46,18 @@ pub(super) struct Op {
     pub name: &'static str,
     pub args: Vec<Arg>,
     pub reply: oneshot::Sender<StoreResult<Value>>,
+    /// Sent even though nobody waits for its reply (a give-back). Any other
+    /// operation whose reply nobody waits for any more is dropped unsent:
+    /// its command ran out of time and was answered as failed, and while
+    /// Redis hangs such operations would pile up here without bound.
+    pub unheard: bool,
+}
+
+impl Op {
+    /// Whether it is not to be sent: its command has its answer already.
+    fn abandoned(&self) -> bool {
+        !self.unheard && self.reply.is_closed()
+    }
 }
 
 /// One argument of an operation. Arguments are turned into bytes only when
@@ -161,12 +173,8 @@ pub(super) async fn run(
                 // The next batch goes out before the connections waiting
                 // on this one are woken, so Redis is not left idle while
                 // they reply.
-                while open && ops.len() < MAX_BATCH {
-                    match queue.try_recv() {
-                        Ok(op) => ops.push(op),
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => open = false,
-                    }
+                if open {
+                    open = take_queued(&mut queue, &mut ops);
                 }
                 if !ops.is_empty() {
                     flying.push(send(conn_for(&ops), call.clone(), std::mem::take(&mut ops)));
@@ -187,10 +195,30 @@ pub(super) async fn run(
                     open = false;
                     continue;
                 }
-                flying.push(send(conn_for(&ops), call.clone(), std::mem::take(&mut ops)));
+                ops.retain(|op| !op.abandoned());
+                open = take_queued(&mut queue, &mut ops);
+                if !ops.is_empty() {
+                    flying.push(send(conn_for(&ops), call.clone(), std::mem::take(&mut ops)));
+                }
             }
         }
     }
+}
+
+/// Moves what is queued into `ops`, up to [`MAX_BATCH`], dropping the
+/// abandoned operations without counting them: while Redis hangs they come
+/// faster than the calls that time out take them, and counted, they would
+/// pile up in the queue. Returns whether the queue is still open.
+fn take_queued(queue: &mut mpsc::UnboundedReceiver<Op>, ops: &mut Vec<Op>) -> bool {
+    while ops.len() < MAX_BATCH {
+        match queue.try_recv() {
+            Ok(op) if op.abandoned() => {}
+            Ok(op) => ops.push(op),
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    }
+    true
 }
 
 /// A reply channel, what to send on it, and, for an operation that
@@ -257,6 +285,7 @@ fn give_back(conn: ConnId, got: Value) -> Option<Op> {
         name: "give_back",
         args: vec![Arg::Owner(conn), Arg::Id(id)],
         reply,
+        unheard: true,
     })
 }
 
@@ -529,6 +558,37 @@ mod tests {
     }
 
     #[test]
+    fn operations_nobody_waits_for_are_dropped_unsent_and_uncounted() {
+        let (tx, mut queue) = mpsc::unbounded_channel();
+        let op = |unheard| {
+            let (reply, result) = oneshot::channel();
+            let op = Op {
+                kind: Kind::Puts,
+                name: "put",
+                args: vec![Arg::Static("default")],
+                reply,
+                unheard,
+            };
+            (op, result)
+        };
+        // A frozen Redis's worth of puts whose commands ran out of time.
+        for _ in 0..MAX_BATCH * 3 {
+            tx.send(op(false).0).unwrap();
+        }
+        let (live, _waiting) = op(false);
+        tx.send(live).unwrap();
+        // A give-back: nobody waits for its reply, and it must go.
+        tx.send(op(true).0).unwrap();
+        let mut ops = Vec::new();
+        assert!(take_queued(&mut queue, &mut ops));
+        assert_eq!(ops.len(), 2, "the live put and the give-back");
+        assert!(!ops[0].unheard && ops[1].unheard);
+        assert!(queue.is_empty());
+        drop(tx);
+        assert!(!take_queued(&mut queue, &mut Vec::new()), "closed");
+    }
+
+    #[test]
     fn only_reserving_operations_name_a_reserver() {
         let (reply, _) = oneshot::channel();
         let reserve = Op {
@@ -536,6 +596,7 @@ mod tests {
             name: "reserve",
             args: vec![Arg::Owner(3), Arg::Static("default")],
             reply,
+            unheard: false,
         };
         assert_eq!(
             reserver(&reserve),
@@ -550,6 +611,7 @@ mod tests {
             name: "reserve_many",
             args: vec![Arg::Owner(3), Arg::Static("default"), Arg::Int(5)],
             reply,
+            unheard: false,
         };
         assert_eq!(
             reserver(&batch),
@@ -564,6 +626,7 @@ mod tests {
             name: "delete",
             args: vec![Arg::Owner(3), Arg::Static("#1"), Arg::Static("delete")],
             reply,
+            unheard: false,
         };
         assert_eq!(reserver(&delete), None);
     }

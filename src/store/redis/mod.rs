@@ -328,6 +328,7 @@ impl RedisStore {
                 name,
                 args,
                 reply,
+                unheard: false,
             })
             .map_err(|_| stopped())?;
         result.await.map_err(|_| stopped())?

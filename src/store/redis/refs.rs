@@ -139,6 +139,7 @@ impl Refs {
                 Arg::Counts(self.counts.clone()),
             ],
             reply,
+            unheard: false,
         };
         if self.queue.send(op).is_err() {
             return;
@@ -205,6 +206,7 @@ impl Refs {
                 Arg::Sum(sum.clone()),
             ],
             reply,
+            unheard: false,
         };
         self.queue.send(op).map_err(|_| stopped())?;
         all.latest.insert(key.clone(), sum.clone());
