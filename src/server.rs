@@ -170,6 +170,7 @@ pub async fn run_with_http<S: Store>(
     {
         warn!("connections still busy after {SHUTDOWN_GRACE:?}; stopping anyway");
     }
+    shared.broker.leave().await;
 }
 
 /// Tells a connection over the limit so (`refusal`) and closes it.

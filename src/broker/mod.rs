@@ -447,6 +447,12 @@ impl<S: Store> Broker<S> {
         drop(self.serving.lock().await);
     }
 
+    /// Tells the processes sharing the storage that this one is stopping
+    /// (see [`Store::leave`]).
+    pub async fn leave(&self) {
+        self.store.leave().await;
+    }
+
     /// How long a command may wait on the store (see [`Store::call_limit`]).
     pub fn call_limit(&self) -> Option<Duration> {
         self.store.call_limit()

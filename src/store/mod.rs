@@ -319,4 +319,12 @@ pub trait Store: Send + Sync + 'static {
     fn call_limit(&self) -> Option<Duration> {
         None
     }
+
+    /// Tells the other processes sharing the storage that this one is
+    /// stopping, once it has finished with its connections, so that they
+    /// take over its share of the work at once rather than once it is
+    /// taken for dead.
+    fn leave(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
