@@ -96,11 +96,21 @@ impl Conn {
     }
 }
 
-/// The primary of each of `slots` in a `CLUSTER SLOTS` reply: entries of
-/// the first slot, the last, then the primary as its address and (since
-/// Redis 4) its node id, then its replicas. Named by node id where there is
-/// one, so that a primary keeps its name whatever address it is reached at.
-fn slot_owners(reply: Value, slots: &[usize]) -> RedisResult<Vec<String>> {
+/// One range of slots in a `CLUSTER SLOTS` reply, and its primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Range {
+    first: usize,
+    last: usize,
+    /// The primary's node id (since Redis 4), else its address: a primary
+    /// keeps its name whatever address it is reached at.
+    name: String,
+    host: String,
+    port: u16,
+}
+
+/// The ranges of a `CLUSTER SLOTS` reply: entries of the first slot, the
+/// last, then the primary as its address and node id, then its replicas.
+fn ranges(reply: &Value) -> RedisResult<Vec<Range>> {
     let bad = |what: &str| RedisError::from((ErrorKind::Parse, "CLUSTER SLOTS", what.to_string()));
     let Value::Array(entries) = reply else {
         return Err(bad("not an array"));
@@ -113,32 +123,49 @@ fn slot_owners(reply: Value, slots: &[usize]) -> RedisResult<Vec<String>> {
         let [first, last, primary, ..] = &fields[..] else {
             return Err(bad("an entry without its primary"));
         };
-        let (first, last): (usize, usize) = (
-            redis::from_redis_value(first.clone())?,
-            redis::from_redis_value(last.clone())?,
-        );
         let Value::Array(node) = primary else {
             return Err(bad("a primary that is not an array"));
         };
-        let name = match &node[..] {
-            [_, _, id, ..] => redis::from_redis_value::<String>(id.clone())?,
-            [host, port] => format!(
-                "{}:{}",
-                redis::from_redis_value::<String>(host.clone())?,
-                redis::from_redis_value::<u16>(port.clone())?
-            ),
-            _ => return Err(bad("a primary without an address")),
+        let [host, port, rest @ ..] = &node[..] else {
+            return Err(bad("a primary without an address"));
         };
-        ranges.push((first, last, name));
+        let host: String = redis::from_redis_value(host.clone())?;
+        let port: u16 = redis::from_redis_value(port.clone())?;
+        let name = match rest.first() {
+            Some(id) => redis::from_redis_value::<String>(id.clone())?,
+            None => format!("{host}:{port}"),
+        };
+        ranges.push(Range {
+            first: redis::from_redis_value(first.clone())?,
+            last: redis::from_redis_value(last.clone())?,
+            name,
+            host,
+            port,
+        });
     }
+    Ok(ranges)
+}
+
+/// The range holding `slot`, if a primary serves it.
+fn range_of(ranges: &[Range], slot: usize) -> Option<&Range> {
+    ranges.iter().find(|r| (r.first..=r.last).contains(&slot))
+}
+
+/// The primary of each of `slots` in a `CLUSTER SLOTS` reply, by name.
+fn slot_owners(reply: Value, slots: &[usize]) -> RedisResult<Vec<String>> {
+    let ranges = ranges(&reply)?;
     slots
         .iter()
         .map(|&slot| {
-            ranges
-                .iter()
-                .find(|(first, last, _)| (*first..=*last).contains(&slot))
-                .map(|(_, _, name)| name.clone())
-                .ok_or_else(|| bad(&format!("slot {slot} has no primary")))
+            range_of(&ranges, slot)
+                .map(|r| r.name.clone())
+                .ok_or_else(|| {
+                    RedisError::from((
+                        ErrorKind::Parse,
+                        "CLUSTER SLOTS",
+                        format!("slot {slot} has no primary"),
+                    ))
+                })
         })
         .collect()
 }
@@ -286,9 +313,56 @@ impl Followed {
 /// asks the seeds for the slots from scratch.
 const STUCK_AFTER: Duration = Duration::from_secs(4);
 
-/// A cluster connection with a watchdog: once every call to some slot has
-/// failed for [`STUCK_AFTER`], a new connection is built in the background and
-/// replaces it, while the old one keeps serving (or failing) until then.
+/// How often, while calls to some slot fail, the watchdog asks the cluster
+/// whether that slot has a new primary; and at most how many times in a
+/// row (the next failure starts it again).
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+const PROBES: usize = 60;
+
+/// Which primary serves each of `slots` now, asked of every primary there
+/// was when the connection was made, the first answer taken (a frozen one
+/// never answers): the address of one that served one of them then and
+/// does no longer. Asked on connections of its own: the cluster
+/// connection's requests wait while it refreshes its slot map, and that
+/// refresh can itself be waiting on the frozen node.
+async fn moved(nodes: &Nodes, then: &[Range], slots: &[usize]) -> Option<(String, u16)> {
+    let asks = then
+        .iter()
+        .map(|r| (r.host.clone(), r.port))
+        .collect::<std::collections::HashSet<_>>()
+        .into_iter()
+        .filter_map(|(host, port)| nodes.reach(&host, port))
+        .map(|node| {
+            Box::pin(async move {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CALL_TIMEOUT))
+                    .set_response_timeout(Some(CALL_TIMEOUT));
+                let mut conn = redis::Client::open(node)?
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                let reply: Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn)
+                    .await?;
+                ranges(&reply)
+            })
+        })
+        .collect::<Vec<_>>();
+    if asks.is_empty() {
+        return None;
+    }
+    let (now, _) = futures_util::future::select_ok(asks).await.ok()?;
+    slots.iter().find_map(|&slot| {
+        let (was, now) = (range_of(then, slot)?, range_of(&now, slot)?);
+        (now.name != was.name).then(|| (was.host.clone(), was.port))
+    })
+}
+
+/// A cluster connection with a watchdog: once the cluster says a failing
+/// slot has a new primary (asked of the other primaries), or once every
+/// call to some slot has failed for [`STUCK_AFTER`], a new connection is
+/// built in the background and replaces it, while the old one keeps
+/// serving (or failing) until then.
 #[derive(Clone)]
 pub(super) struct Watched {
     nodes: Arc<Nodes>,
@@ -297,6 +371,9 @@ pub(super) struct Watched {
 
 struct Watch {
     conn: ClusterConnection,
+    /// The slots' primaries when `conn` was made (empty if they could not
+    /// be learnt): what the connection sends each slot's calls to.
+    primaries: Vec<Range>,
     /// For each slot (named by the hash tag of its keys) whose calls fail,
     /// when the first of their unbroken run of failures ended. Per slot: a
     /// frozen primary's replica is promoted, but the client, never told
@@ -305,6 +382,10 @@ struct Watch {
     failing: HashMap<Vec<u8>, Instant>,
     /// Whether a new connection is being built.
     rebuilding: bool,
+    /// When the cluster was last asked about a failing slot's primary, and
+    /// whether it is being asked now.
+    probed: Option<Instant>,
+    probing: bool,
 }
 
 /// Whether `e` says the call may not have reached a working primary, as
@@ -318,19 +399,36 @@ fn unreachable(e: &RedisError) -> bool {
         )
 }
 
+/// A connection to the cluster through `nodes` (avoiding `avoid`, nodes
+/// taken for frozen), and the slots' primaries as it starts.
+async fn connect_through(
+    nodes: &Nodes,
+    avoid: &[(String, u16)],
+) -> RedisResult<(ClusterConnection, Vec<Range>)> {
+    let mut conn = cluster_client(nodes, avoid)?.get_async_connection().await?;
+    // Known from the start, in case the seeds are gone by the time a
+    // connection is made anew.
+    let primaries = nodes
+        .ask(&mut conn)
+        .await
+        .and_then(|reply| ranges(&reply).ok())
+        .unwrap_or_default();
+    Ok((conn, primaries))
+}
+
 impl Watched {
     /// Connects to the cluster through `nodes`.
     pub async fn connect(nodes: Arc<Nodes>) -> RedisResult<Watched> {
-        let mut conn = cluster_client(&nodes)?.get_async_connection().await?;
-        // Known from the start, in case the seeds are gone by the time a
-        // connection is made anew.
-        nodes.ask(&mut conn).await;
+        let (conn, primaries) = connect_through(&nodes, &[]).await?;
         Ok(Watched {
             nodes,
             state: Arc::new(Mutex::new(Watch {
                 conn,
+                primaries,
                 failing: HashMap::new(),
                 rebuilding: false,
+                probed: None,
+                probing: false,
             })),
         })
     }
@@ -344,7 +442,8 @@ impl Watched {
     }
 
     /// Notes how a call to the slot of `tag` went, and starts a new
-    /// connection if that slot's calls have failed for too long.
+    /// connection if that slot's calls have failed for too long, or asks
+    /// the cluster whether the slot has a new primary.
     fn check<T>(&self, tag: &[u8], result: RedisResult<T>) -> RedisResult<T> {
         let mut watch = self.lock();
         match &result {
@@ -356,7 +455,10 @@ impl Watched {
                         .entry(tag.to_vec())
                         .or_insert_with(Instant::now),
                 };
-                if since.elapsed() >= STUCK_AFTER && !watch.rebuilding {
+                if watch.rebuilding {
+                    return result;
+                }
+                if since.elapsed() >= STUCK_AFTER {
                     watch.rebuilding = true;
                     warn!(
                         failing_for = ?since.elapsed(),
@@ -364,7 +466,13 @@ impl Watched {
                         error = %e,
                         "every Redis Cluster call to a slot has failed for a while: connecting anew"
                     );
-                    tokio::spawn(self.clone().rebuild());
+                    tokio::spawn(self.clone().rebuild(Vec::new()));
+                } else if !tag.is_empty()
+                    && !watch.probing
+                    && watch.probed.is_none_or(|at| at.elapsed() >= PROBE_EVERY)
+                {
+                    watch.probing = true;
+                    tokio::spawn(self.clone().probe());
                 }
             }
             _ => {
@@ -376,19 +484,66 @@ impl Watched {
         result
     }
 
-    async fn rebuild(self) {
-        let connecting = async {
-            let mut conn = cluster_client(&self.nodes)?.get_async_connection().await?;
-            self.nodes.ask(&mut conn).await;
-            Ok::<_, RedisError>(conn)
-        };
-        let fresh = tokio::time::timeout(CALL_TIMEOUT * 2, connecting).await;
+    /// While calls to some slots fail, asks the other primaries every
+    /// [`PROBE_EVERY`] which primary serves those slots, and connects anew
+    /// at once if one of them is no longer the one this connection sends
+    /// their calls to. A primary that hangs (SIGSTOP, a black hole) is
+    /// failed over by the cluster within its node timeout, but the crate,
+    /// never told, goes on sending that primary's calls to it: without
+    /// this, puts on its slots failed for [`STUCK_AFTER`] past their first
+    /// timeout (on the test cluster, until 8.8 s after the promotion).
+    /// Asked while the calls fail rather than at each failure, so that the
+    /// calls made after a promotion go to the new primary, not only those
+    /// made after the next call timed out.
+    async fn probe(self) {
+        for _ in 0..PROBES {
+            let (primaries, slots) = {
+                let mut watch = self.lock();
+                let slots: Vec<usize> = watch
+                    .failing
+                    .keys()
+                    .filter(|tag| !tag.is_empty())
+                    .map(|tag| super::shards::slot(tag))
+                    .collect();
+                if watch.rebuilding || slots.is_empty() {
+                    watch.probing = false;
+                    return;
+                }
+                watch.probed = Some(Instant::now());
+                (watch.primaries.clone(), slots)
+            };
+            let asked = tokio::time::timeout(CALL_TIMEOUT, moved(&self.nodes, &primaries, &slots));
+            if let Ok(Some(old)) = asked.await {
+                let mut watch = self.lock();
+                watch.probing = false;
+                if !watch.rebuilding {
+                    watch.rebuilding = true;
+                    warn!(
+                        old_primary = %format!("{}:{}", old.0, old.1),
+                        "a Redis Cluster slot whose calls fail has a new primary: connecting anew"
+                    );
+                    tokio::spawn(self.clone().rebuild(vec![old]));
+                }
+                return;
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+        self.lock().probing = false;
+    }
+
+    /// Makes a new connection and puts it in place of the current one;
+    /// `avoid`: nodes not to start from (a frozen one would hold up the
+    /// start by the connect timeout).
+    async fn rebuild(self, avoid: Vec<(String, u16)>) {
+        let fresh =
+            tokio::time::timeout(CALL_TIMEOUT * 2, connect_through(&self.nodes, &avoid)).await;
         let mut watch = self.lock();
         watch.rebuilding = false;
         match fresh {
-            Ok(Ok(conn)) => {
+            Ok(Ok((conn, primaries))) => {
                 info!("new Redis Cluster connection in use");
                 watch.conn = conn;
+                watch.primaries = primaries;
                 // The new connection gets its own time to show it works.
                 watch.failing.clear();
             }

@@ -55,43 +55,67 @@ impl Nodes {
     }
 
     /// Where to start a connection: the seeds first, then the nodes the
-    /// cluster named, reached as the first seed is (its password, its TLS).
-    pub fn all(&self) -> Vec<ConnectionInfo> {
-        let mut all = self.seeds.clone();
-        let Some(first) = self.seeds.first() else {
-            return all;
+    /// cluster named, reached as the first seed is (its password, its TLS);
+    /// none of `avoid` (host and port), unless that would leave none.
+    pub fn all(&self, avoid: &[(String, u16)]) -> Vec<ConnectionInfo> {
+        let all = self.everyone();
+        let avoided = |n: &ConnectionInfo| {
+            avoid
+                .iter()
+                .any(|(host, port)| n.addr().to_string() == format!("{host}:{port}"))
         };
+        if all.iter().all(avoided) {
+            return all;
+        }
+        all.into_iter().filter(|n| !avoided(n)).collect()
+    }
+
+    fn everyone(&self) -> Vec<ConnectionInfo> {
+        let mut all = self.seeds.clone();
         let named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
         for (host, port) in named.iter() {
-            let addr = match first.addr() {
-                ConnectionAddr::TcpTls {
-                    insecure,
-                    tls_params,
-                    ..
-                } => ConnectionAddr::TcpTls {
-                    host: host.clone(),
-                    port: *port,
-                    insecure: *insecure,
-                    tls_params: tls_params.clone(),
-                },
-                _ => ConnectionAddr::Tcp(host.clone(), *port),
+            let Some(node) = self.reach(host, *port) else {
+                break;
             };
-            let seen = all.iter().any(|n| n.addr().to_string() == addr.to_string());
+            let seen = all
+                .iter()
+                .any(|n| n.addr().to_string() == node.addr().to_string());
             if !seen {
-                all.push(first.clone().set_addr(addr));
+                all.push(node);
             }
         }
         all
     }
 
-    /// Asks one node of `conn`'s cluster for the cluster's nodes; a
-    /// failure leaves those known before.
-    pub async fn ask(&self, conn: &mut ClusterConnection) {
+    /// How to reach the node at `host` and `port`: as the first seed is
+    /// reached (its password, its TLS); `None` without seeds.
+    pub fn reach(&self, host: &str, port: u16) -> Option<ConnectionInfo> {
+        let first = self.seeds.first()?;
+        let addr = match first.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host.to_string(), port),
+        };
+        Some(first.clone().set_addr(addr))
+    }
+
+    /// Asks one node of `conn`'s cluster for the cluster's nodes, and
+    /// returns its `CLUSTER SLOTS` reply; a failure leaves those known
+    /// before.
+    pub async fn ask(&self, conn: &mut ClusterConnection) -> Option<Value> {
         let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
         let anyone = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-        if let Ok(reply) = bounded(conn.route_command(slots, anyone)).await {
-            self.learn(&reply);
-        }
+        let reply = bounded(conn.route_command(slots, anyone)).await.ok()?;
+        self.learn(&reply);
+        Some(reply)
     }
 
     /// Takes in the nodes a `CLUSTER SLOTS` reply names (primaries and
@@ -136,9 +160,10 @@ impl Nodes {
 /// call to the primary of its slot and follows `MOVED`, `ASK` and
 /// failovers; it may also send a call again, which the library's call
 /// tokens make harmless. Its retries are kept within the time a call may
-/// take, so a command's reply is never later than that.
-pub(super) fn cluster_client(nodes: &Nodes) -> RedisResult<ClusterClient> {
-    ClusterClient::builder(nodes.all())
+/// take, so a command's reply is never later than that. `avoid`: nodes not
+/// to start from (see [`Nodes::all`]).
+pub(super) fn cluster_client(nodes: &Nodes, avoid: &[(String, u16)]) -> RedisResult<ClusterClient> {
+    ClusterClient::builder(nodes.all(avoid))
         .connection_timeout(CALL_TIMEOUT)
         .response_timeout(CALL_TIMEOUT)
         .overall_response_timeout(Some(CALL_TIMEOUT))
@@ -217,14 +242,18 @@ mod tests {
                 node("?", 7003),
             ]),
         ]));
-        let all: Vec<String> = nodes.all().iter().map(|n| n.addr().to_string()).collect();
+        let all: Vec<String> = nodes
+            .all(&[])
+            .iter()
+            .map(|n| n.addr().to_string())
+            .collect();
         assert_eq!(all, ["127.0.0.1:7000", "10.0.0.2:7001", "10.0.0.3:7002"]);
-        for n in nodes.all() {
+        for n in nodes.all(&[]) {
             assert!(matches!(n.addr(), ConnectionAddr::TcpTls { .. }), "{n:?}");
             assert_eq!(n.redis_settings().password(), Some("secret"));
         }
         // A reply that names nothing keeps what was known.
         nodes.learn(&Value::Nil);
-        assert_eq!(nodes.all().len(), 3);
+        assert_eq!(nodes.all(&[]).len(), 3);
     }
 }

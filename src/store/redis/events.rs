@@ -176,7 +176,7 @@ pub(super) async fn listen_shards(
     loop {
         let session = async {
             let (push, mut pushed) = mpsc::unbounded_channel();
-            let client = ClusterClient::builder(nodes.all())
+            let client = ClusterClient::builder(nodes.all(&[]))
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(push)
                 .connection_timeout(CALL_TIMEOUT)
@@ -211,7 +211,7 @@ pub(super) async fn listen_shards(
             }
             // Learnt now and again later, so that the next session can
             // begin from nodes that are up even if every seed is down.
-            nodes.ask(&mut conn).await;
+            let _ = nodes.ask(&mut conn).await;
             if connected_before {
                 info!("Redis Cluster events channels back");
             }
@@ -271,7 +271,7 @@ pub(super) async fn listen_shards(
                         let ping = redis::cmd("PING");
                         let answered = bounded(ping.query_async::<Value>(&mut conn)).await.is_ok();
                         if let (true, Some(nodes)) = (answered, learn) {
-                            nodes.ask(&mut conn).await;
+                            let _ = nodes.ask(&mut conn).await;
                         }
                         answered
                     }));
