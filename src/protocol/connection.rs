@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{FutureExt, SinkExt, StreamExt};
@@ -111,10 +112,14 @@ async fn converse<S: Store, T: Transport>(
 ) {
     // A request read ahead while gathering pipelined puts.
     let mut ahead = None;
+    // Whether a command ran out of time since the client last waited for
+    // its replies: the commands it sent after it, already read, are overdue
+    // too, and are given only a moment each (see `OVERDUE_LIMIT`).
+    let mut overdue = false;
     loop {
         let request = match ahead.take() {
             Some(request) => request,
-            None => match next_request(wire, shutdown).await {
+            None => match next_request(wire, shutdown, &mut overdue).await {
                 Some(request) => request,
                 None => break,
             },
@@ -124,12 +129,12 @@ async fn converse<S: Store, T: Transport>(
         held::pipelining(ahead.is_some() || !wire.read_buffer().is_empty());
         let next = if is_put(&request) {
             let (puts, next) = more_puts(wire, request);
-            if !answer_puts(wire, session, puts).await {
+            if !answer_puts(wire, session, puts, &mut overdue).await {
                 break;
             }
             next
         } else {
-            if !answer(wire, session, request, shutdown).await {
+            if !answer(wire, session, request, shutdown, &mut overdue).await {
                 break;
             }
             Ahead::Nothing
@@ -148,10 +153,21 @@ async fn answer<S: Store, T: Transport>(
     session: &mut Session<S>,
     request: Request,
     shutdown: &CancellationToken,
+    overdue: &mut bool,
 ) -> bool {
     let started = Instant::now();
     let outcome = match request.command {
-        Ok(cmd) => run(session, cmd).await,
+        Ok(cmd) => {
+            let limit = command_limit(session, *overdue);
+            let ran = meanwhile_flush(wire, run_within(session, cmd, limit)).await;
+            match ran {
+                Some((outcome, in_time)) => {
+                    *overdue |= !in_time || used_up(started, limit);
+                    outcome
+                }
+                None => return false,
+            }
+        }
         Err(e) => Outcome::Reply(e.into()),
     };
     let reply = match outcome {
@@ -182,17 +198,85 @@ async fn answer<S: Store, T: Transport>(
 /// does not answer in time is `INTERNAL_ERROR`. The HTTP front end runs its
 /// commands through here too.
 pub async fn run<S: Store>(session: &mut Session<S>, cmd: Command) -> Outcome {
+    let limit = session.broker().call_limit();
+    run_within(session, cmd, limit).await.0
+}
+
+/// [`run`] within `limit`; also says whether it ended in time.
+async fn run_within<S: Store>(
+    session: &mut Session<S>,
+    cmd: Command,
+    limit: Option<Duration>,
+) -> (Outcome, bool) {
     // Outside the store's time limit: a failed attempt's wait is on
     // purpose, and no store call is made.
     if let Command::Auth(token) = &cmd {
-        return Outcome::Reply(session.authenticate(token).await);
+        return (Outcome::Reply(session.authenticate(token).await), true);
     }
-    let mut watchdog = session.watchdog(session.broker().call_limit());
+    let mut watchdog = session.watchdog(limit);
     // Boxed: the command's future is large and short-lived, and a
     // connection blocked in `reserve` should not carry its room.
     let outcome = within(watchdog.as_mut(), Box::pin(session.handle(cmd))).await;
     session.keep_watchdog(watchdog);
-    outcome.unwrap_or_else(|| Outcome::Reply(failed(session.id, out_of_time())))
+    match outcome {
+        Some(outcome) => (outcome, true),
+        None => (Outcome::Reply(failed(session.id, out_of_time())), false),
+    }
+}
+
+/// How long a command of a pipelined run behind one that ran out of time
+/// may take. Its reply is overdue already: it was sent with the one that
+/// ran out of time, whose limit has passed. Given the whole limit, each
+/// such command would wait it out in turn while the store does not answer
+/// (a reviewer's 100 commands in one write were answered after 160 s, all
+/// at once); given this, a hundred are answered within about 2 s more,
+/// while a store that answers again still has time to.
+const OVERDUE_LIMIT: Duration = Duration::from_millis(20);
+
+/// Whether a command begun at `started` used up most of its `limit`: it
+/// ran out of time, or the store's own call did (the store's calls have the
+/// same limit, and their time-out can come first), so the commands sent
+/// with it are overdue.
+fn used_up(started: Instant, limit: Option<Duration>) -> bool {
+    limit.is_some_and(|limit| started.elapsed() >= limit * 3 / 4)
+}
+
+/// The time limit of a command (none on an engine that sets none).
+fn command_limit<S: Store>(session: &Session<S>, overdue: bool) -> Option<Duration> {
+    let limit = session.broker().call_limit()?;
+    Some(if overdue {
+        limit.min(OVERDUE_LIMIT)
+    } else {
+        limit
+    })
+}
+
+/// How long a command may keep the replies queued before it from going
+/// out: replies wait for the next ones of a pipelined run so that they
+/// leave together, but not for a command that takes its time (the store
+/// slow or not answering), whose client is waiting for those before it.
+const FLUSH_AFTER: Duration = Duration::from_millis(10);
+
+/// `work`, which does not touch `wire`; if replies are queued and it is not
+/// done within [`FLUSH_AFTER`], they are sent meanwhile. `None`: the
+/// connection must end (they could not be sent).
+async fn meanwhile_flush<T: Transport, F: std::future::Future>(
+    wire: &mut Wire<T>,
+    work: F,
+) -> Option<F::Output> {
+    if wire.write_buffer().is_empty() {
+        return Some(work.await);
+    }
+    tokio::pin!(work);
+    tokio::select! {
+        biased;
+        done = &mut work => return Some(done),
+        () = tokio::time::sleep(FLUSH_AFTER) => {}
+    }
+    if !flush_safe(wire).await {
+        return None;
+    }
+    Some(work.await)
 }
 
 /// Sends the queued replies once every change they answer is safe; false
@@ -261,6 +345,7 @@ async fn answer_puts<S: Store, T: Transport>(
     wire: &mut Wire<T>,
     session: &mut Session<S>,
     puts: Vec<Request>,
+    overdue: &mut bool,
 ) -> bool {
     let modes: Vec<_> = puts.iter().map(|put| put.mode).collect();
     let commands = puts
@@ -268,9 +353,15 @@ async fn answer_puts<S: Store, T: Transport>(
         .filter_map(|put| put.command.ok())
         .collect();
     let n = modes.len();
-    let mut watchdog = session.watchdog(session.broker().call_limit());
-    let replies = within(watchdog.as_mut(), session.handle_puts(commands)).await;
+    let started = Instant::now();
+    let limit = command_limit(session, *overdue);
+    let mut watchdog = session.watchdog(limit);
+    let work = within(watchdog.as_mut(), session.handle_puts(commands));
+    let Some(replies) = meanwhile_flush(wire, work).await else {
+        return false;
+    };
     session.keep_watchdog(watchdog);
+    *overdue |= replies.is_none() || used_up(started, limit);
     let replies =
         replies.unwrap_or_else(|| (0..n).map(|_| failed(session.id, out_of_time())).collect());
     for (mode, reply) in modes.into_iter().zip(replies) {
@@ -287,6 +378,7 @@ async fn answer_puts<S: Store, T: Transport>(
 async fn next_request<T: Transport>(
     wire: &mut Wire<T>,
     shutdown: &CancellationToken,
+    overdue: &mut bool,
 ) -> Option<Request> {
     let polled = match wire.next().now_or_never() {
         Some(polled) => polled,
@@ -294,6 +386,8 @@ async fn next_request<T: Transport>(
             if !flush_safe(wire).await {
                 return None;
             }
+            // The client has every reply: what it sends next is new.
+            *overdue = false;
             shrink_when_idle(wire);
             tokio::select! {
                 polled = wire.next() => polled,

@@ -448,3 +448,54 @@ async fn a_job_put_just_after_redis_lost_its_data_reaches_a_worker_on_another_pr
         put.elapsed()
     );
 }
+
+/// Commands pipelined in one write while Redis is frozen: each reply goes
+/// out within about the store's time limit of when it was sent. They were
+/// carried out one after another, each waiting its whole 2 s, and answered
+/// all together at the end: a reviewer's 100 commands in one write got
+/// their replies after 160 s. Now a command that used up its time makes
+/// the ones sent with it overdue (given a moment each), and replies
+/// queued before a command that takes its time are sent meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_commands_are_answered_in_time_while_redis_is_frozen() {
+    const ROUNDS: usize = 8;
+    let redis = RedisServer::start(&[]);
+    let server = InProcess::start(&redis.url).await;
+    let mut c = server.client().await;
+    assert_eq!(c.cmd("use piped").await, "USING piped");
+    redis.signal(libc::SIGSTOP);
+    // One that needs no Redis first, then rounds of those that do.
+    let mut write = b"list-tubes-watched\r\n".to_vec();
+    for _ in 0..ROUNDS {
+        write.extend_from_slice(
+            b"put 0 0 60 1\r\nx\r\npeek-ready\r\nstats-tube piped\r\nreserve-with-timeout 0\r\n",
+        );
+    }
+    let sent = Instant::now();
+    c.send(&write).await;
+    let first = c.line_within(Duration::from_secs(5)).await;
+    let first_at = sent.elapsed();
+    assert_eq!(first, "OK 14", "list-tubes-watched");
+    assert_eq!(c.read_exact(16).await, b"---\n- default\n\r\n");
+    let mut last = first_at;
+    for n in 0..ROUNDS * 4 {
+        let reply = c.line_within(Duration::from_secs(10)).await;
+        assert_eq!(reply, "INTERNAL_ERROR", "reply {n}");
+        last = sent.elapsed();
+    }
+    redis.signal(libc::SIGCONT);
+    eprintln!(
+        "Redis frozen, 1 + {} commands in one write: the first (no Redis needed) answered \
+         after {first_at:.2?}, the last after {last:.2?}",
+        ROUNDS * 4
+    );
+    assert!(
+        first_at < Duration::from_millis(500),
+        "a reply held {first_at:?} behind a command waiting on Redis"
+    );
+    assert!(
+        last < Duration::from_secs(4),
+        "the last of {} pipelined commands answered after {last:?}",
+        ROUNDS * 4
+    );
+}
