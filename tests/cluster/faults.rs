@@ -340,6 +340,50 @@ async fn one_hot_tube_spreads_over_every_primary() {
     );
 }
 
+/// Tubes put to in turn each spread over their shards alike, with
+/// `--shards primaries`. A put took the next key of the sequence that
+/// suited its tube, so a tube's shard depended on where the other tubes'
+/// puts had left the sequence: a reviewer's three tubes put in strict turn
+/// each went to 2 of their 4 shards. Now each tube takes its shards in
+/// turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tubes_put_in_turn_each_spread_evenly() {
+    const TUBES: [&str; 3] = ["turn-a", "turn-b", "turn-c"];
+    const EACH: usize = 60;
+    let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let args = [
+        "--redis-cluster",
+        &seeds,
+        "--redis-prefix",
+        "turns:",
+        "--shards",
+        "primaries",
+    ];
+    let daemon = Daemon::start(&args).await;
+    let mut producers = Vec::new();
+    for tube in TUBES {
+        let mut c = daemon.client().await;
+        assert_eq!(c.cmd(&format!("use {tube}")).await, format!("USING {tube}"));
+        producers.push(c);
+    }
+    let mut per_tube = vec![std::collections::BTreeMap::<u64, usize>::new(); TUBES.len()];
+    for _ in 0..EACH {
+        for (c, counts) in producers.iter_mut().zip(per_tube.iter_mut()) {
+            let id = c.put_ok(0, 0, 60, b"in turn").await;
+            *counts.entry(id % SHARDS as u64).or_default() += 1;
+        }
+    }
+    for (tube, counts) in TUBES.iter().zip(&per_tube) {
+        let even = EACH / counts.len().max(1);
+        assert!(
+            counts.len() == 3 && counts.values().all(|&n| n.abs_diff(even) <= 1),
+            "{tube}'s {EACH} jobs over its shards: {counts:?}"
+        );
+    }
+    eprintln!("three tubes put in turn, {EACH} jobs each, over their shards: {per_tube:?}");
+}
+
 /// Puts, reserves and deletes 3,000 jobs of one tube through a delayq
 /// started with `args`; checks that each primary ran as many calls as
 /// another, within 15 %, and returns the shards the jobs went to.

@@ -91,8 +91,25 @@ pub fn shard_tag(prefix: &str, k: usize) -> String {
 }
 
 /// Whether `key` (whose remainder by [`SHARDS`] is its shard) is in `mask`.
+#[cfg(test)]
 pub fn fits_mask(mask: u64, key: u64) -> bool {
     mask >> (key % SHARDS as u64) & 1 == 1
+}
+
+/// The shard of `mask` that comes after `last`, going round the 64.
+pub fn after(mask: u64, last: usize) -> usize {
+    let above = match last {
+        l if l + 1 >= SHARDS => 0,
+        l => mask & (u64::MAX << (l + 1)),
+    };
+    let from = if above == 0 { mask } else { above };
+    from.trailing_zeros() as usize % SHARDS
+}
+
+/// The first key at or after `from` whose shard is `shard`.
+pub fn key_at_or_after(from: u64, shard: usize) -> u64 {
+    let n = SHARDS as u64;
+    from + (shard as u64 + n - from % n) % n
 }
 
 /// `spread` shards beginning at `home`: with the shards' primaries known,
@@ -661,6 +678,22 @@ mod tests {
             Some(Instant::now() + std::time::Duration::from_secs(60)),
         );
         assert_eq!(s.candidates(&[b]).len(), 0);
+    }
+
+    #[test]
+    fn a_tubes_shards_are_taken_in_turn() {
+        let mask = 1 << 5 | 1 << 27 | 1 << 42;
+        assert_eq!(after(mask, 0), 5);
+        assert_eq!(after(mask, 5), 27);
+        assert_eq!(after(mask, 27), 42);
+        assert_eq!(after(mask, 42), 5, "round again");
+        assert_eq!(after(mask, 63), 5);
+        assert_eq!(after(1 << 63, 63), 63);
+        assert_eq!(after(u64::MAX, 63), 0);
+        assert_eq!(key_at_or_after(128, 5), 133);
+        assert_eq!(key_at_or_after(133, 5), 133);
+        assert_eq!(key_at_or_after(134, 5), 197);
+        assert_eq!(key_at_or_after(130, 1), 193);
     }
 
     #[test]
