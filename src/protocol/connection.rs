@@ -159,10 +159,10 @@ async fn answer<S: Store, T: Transport>(
     let outcome = match request.command {
         Ok(cmd) => {
             let limit = command_limit(session, *overdue);
-            let ran = meanwhile_flush(wire, run_within(session, cmd, limit)).await;
+            let (ran, flushing) = meanwhile_flush(wire, run_within(session, cmd, limit)).await;
             match ran {
                 Some((outcome, in_time)) => {
-                    *overdue |= !in_time || used_up(started, limit);
+                    *overdue |= !in_time || used_up(started, flushing, limit);
                     outcome
                 }
                 None => return false,
@@ -233,12 +233,14 @@ async fn run_within<S: Store>(
 /// while a store that answers again still has time to.
 const OVERDUE_LIMIT: Duration = Duration::from_millis(20);
 
-/// Whether a command begun at `started` used up most of its `limit`: it
-/// ran out of time, or the store's own call did (the store's calls have the
-/// same limit, and their time-out can come first), so the commands sent
-/// with it are overdue.
-fn used_up(started: Instant, limit: Option<Duration>) -> bool {
-    limit.is_some_and(|limit| started.elapsed() >= limit * 3 / 4)
+/// Whether a command begun at `started` used up most of its `limit`, not
+/// counting the time its connection spent `flushing` replies to its client
+/// meanwhile (a client slow to read says nothing of the store): it ran out
+/// of time, or the store's own call did (the store's calls have the same
+/// limit, and their time-out can come first), so the commands sent with it
+/// are overdue.
+fn used_up(started: Instant, flushing: Duration, limit: Option<Duration>) -> bool {
+    limit.is_some_and(|limit| started.elapsed().saturating_sub(flushing) >= limit * 3 / 4)
 }
 
 /// The time limit of a command (none on an engine that sets none).
@@ -258,25 +260,28 @@ fn command_limit<S: Store>(session: &Session<S>, overdue: bool) -> Option<Durati
 const FLUSH_AFTER: Duration = Duration::from_millis(10);
 
 /// `work`, which does not touch `wire`; if replies are queued and it is not
-/// done within [`FLUSH_AFTER`], they are sent meanwhile. `None`: the
-/// connection must end (they could not be sent).
+/// done within [`FLUSH_AFTER`], they are sent meanwhile. Also returns how
+/// long that took. `None`: the connection must end (they could not be
+/// sent).
 async fn meanwhile_flush<T: Transport, F: std::future::Future>(
     wire: &mut Wire<T>,
     work: F,
-) -> Option<F::Output> {
+) -> (Option<F::Output>, Duration) {
     if wire.write_buffer().is_empty() {
-        return Some(work.await);
+        return (Some(work.await), Duration::ZERO);
     }
     tokio::pin!(work);
     tokio::select! {
         biased;
-        done = &mut work => return Some(done),
+        done = &mut work => return (Some(done), Duration::ZERO),
         () = tokio::time::sleep(FLUSH_AFTER) => {}
     }
+    let flushing = Instant::now();
     if !flush_safe(wire).await {
-        return None;
+        return (None, flushing.elapsed());
     }
-    Some(work.await)
+    let flushing = flushing.elapsed();
+    (Some(work.await), flushing)
 }
 
 /// Sends the queued replies once every change they answer is safe; false
@@ -357,11 +362,11 @@ async fn answer_puts<S: Store, T: Transport>(
     let limit = command_limit(session, *overdue);
     let mut watchdog = session.watchdog(limit);
     let work = within(watchdog.as_mut(), session.handle_puts(commands));
-    let Some(replies) = meanwhile_flush(wire, work).await else {
+    let (Some(replies), flushing) = meanwhile_flush(wire, work).await else {
         return false;
     };
     session.keep_watchdog(watchdog);
-    *overdue |= replies.is_none() || used_up(started, limit);
+    *overdue |= replies.is_none() || used_up(started, flushing, limit);
     let replies =
         replies.unwrap_or_else(|| (0..n).map(|_| failed(session.id, out_of_time())).collect());
     for (mode, reply) in modes.into_iter().zip(replies) {
