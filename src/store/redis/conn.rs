@@ -359,7 +359,7 @@ async fn moved(nodes: &Nodes, then: &[Range], slots: &[usize]) -> Option<(String
 }
 
 /// A cluster connection with a watchdog: once the cluster says a failing
-/// slot has a new primary (asked of the other primaries), or once every
+/// slot has a new primary (asked of every primary), or once every
 /// call to some slot has failed for [`STUCK_AFTER`], a new connection is
 /// built in the background and replaces it, while the old one keeps
 /// serving (or failing) until then.
@@ -484,8 +484,8 @@ impl Watched {
         result
     }
 
-    /// While calls to some slots fail, asks the other primaries every
-    /// [`PROBE_EVERY`] which primary serves those slots, and connects anew
+    /// While calls to some slots fail, asks the primaries every
+    /// [`PROBE_EVERY`] which primary serves those slots (see [`moved`]), and connects anew
     /// at once if one of them is no longer the one this connection sends
     /// their calls to. A primary that hangs (SIGSTOP, a black hole) is
     /// failed over by the cluster within its node timeout, but the crate,
