@@ -90,12 +90,6 @@ pub fn shard_tag(prefix: &str, k: usize) -> String {
         .expect("some n gives a slot in every range")
 }
 
-/// Whether `key` (whose remainder by [`SHARDS`] is its shard) is in `mask`.
-#[cfg(test)]
-pub fn fits_mask(mask: u64, key: u64) -> bool {
-    mask >> (key % SHARDS as u64) & 1 == 1
-}
-
 /// The shard of `mask` that comes after `last`, going round the 64.
 pub fn after(mask: u64, last: usize) -> usize {
     let above = match last {
@@ -539,6 +533,12 @@ fn owner(live: &[String], shard: usize) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether `key` (whose remainder by [`SHARDS`] is its shard) is in
+    /// `mask`.
+    fn fits_mask(mask: u64, key: u64) -> bool {
+        mask >> (key % SHARDS as u64) & 1 == 1
+    }
 
     #[test]
     fn slots_are_those_redis_gives() {
