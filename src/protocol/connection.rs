@@ -128,11 +128,24 @@ async fn converse<S: Store, T: Transport>(
         // changes need not each wait for the disk before the next runs.
         held::pipelining(ahead.is_some() || !wire.read_buffer().is_empty());
         let next = if is_put(&request) {
-            let (puts, next) = more_puts(wire, request);
-            if !answer_puts(wire, session, puts, &mut overdue).await {
-                break;
+            match more_puts(wire, request) {
+                // A lone put goes the way of every other command: the
+                // run's vectors and joined futures cost it five
+                // allocations, a fifth of what a put, reserve and delete
+                // allocate between them.
+                (Puts::One(put), next) if matches!(put.command, Ok(Command::Put { .. })) => {
+                    if !answer(wire, session, put, shutdown, &mut overdue).await {
+                        break;
+                    }
+                    next
+                }
+                (puts, next) => {
+                    if !answer_puts(wire, session, puts.into_vec(), &mut overdue).await {
+                        break;
+                    }
+                    next
+                }
             }
-            next
         } else {
             if !answer(wire, session, request, shutdown, &mut overdue).await {
                 break;
@@ -329,19 +342,42 @@ fn is_put(request: &Request) -> bool {
     )
 }
 
+/// A run of puts read together.
+enum Puts {
+    /// One alone (the usual case: a client that waits for each reply).
+    One(Request),
+    /// Several, pipelined.
+    Many(Vec<Request>),
+}
+
+impl Puts {
+    fn into_vec(self) -> Vec<Request> {
+        match self {
+            Puts::One(put) => vec![put],
+            Puts::Many(puts) => puts,
+        }
+    }
+}
+
 /// `first` and the puts that follow it already in the read buffer (a
 /// client pipelining its puts), up to [`MAX_PUTS`], and what comes after.
-fn more_puts<T: Transport>(wire: &mut Wire<T>, first: Request) -> (Vec<Request>, Ahead) {
-    let mut puts = vec![first];
+fn more_puts<T: Transport>(wire: &mut Wire<T>, first: Request) -> (Puts, Ahead) {
+    let second = match wire.next().now_or_never() {
+        None => return (Puts::One(first), Ahead::Nothing),
+        Some(Some(Ok(next))) if is_put(&next) => next,
+        Some(Some(Ok(next))) => return (Puts::One(first), Ahead::Request(next)),
+        Some(Some(Err(_)) | None) => return (Puts::One(first), Ahead::End),
+    };
+    let mut puts = vec![first, second];
     while puts.len() < MAX_PUTS {
         match wire.next().now_or_never() {
             None => break,
             Some(Some(Ok(next))) if is_put(&next) => puts.push(next),
-            Some(Some(Ok(next))) => return (puts, Ahead::Request(next)),
-            Some(Some(Err(_)) | None) => return (puts, Ahead::End),
+            Some(Some(Ok(next))) => return (Puts::Many(puts), Ahead::Request(next)),
+            Some(Some(Err(_)) | None) => return (Puts::Many(puts), Ahead::End),
         }
     }
-    (puts, Ahead::Nothing)
+    (Puts::Many(puts), Ahead::Nothing)
 }
 
 /// Answers a run of puts, in order; returns `false` when the connection
