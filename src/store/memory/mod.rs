@@ -131,8 +131,8 @@ impl<L: Log> MemoryStore<L> {
 use Reply::{AtOnce, WhenSafe};
 
 impl<L: Log> Store for MemoryStore<L> {
-    async fn put(&self, job: NewJob) -> StoreResult<Put> {
-        self.change(WhenSafe, |st, now, log| st.put(job.clone(), now, log))
+    async fn put(&self, mut job: NewJob) -> StoreResult<Put> {
+        self.change(WhenSafe, |st, now, log| st.put(&mut job, now, log))
             .await
     }
 

@@ -43,7 +43,18 @@ fn ready_or_delayed(delay: Micros, now: Micros) -> St {
 
 impl State {
     /// Inserts a job, ready or delayed.
-    pub fn put(&mut self, new: NewJob, now: Micros, log: &mut impl Journal) -> StoreResult<Put> {
+    ///
+    /// Takes the body out of `new` only once the job is in: a put refused
+    /// for want of room in the log is tried again with it, and a put that
+    /// cloned its job for that would turn the body, which the codec hands
+    /// over owning its bytes exactly, into a shared one, and then copy it
+    /// back out (two allocations and a copy per put).
+    pub fn put(
+        &mut self,
+        new: &mut NewJob,
+        now: Micros,
+        log: &mut impl Journal,
+    ) -> StoreResult<Put> {
         if let Some(name) = &new.id
             && (self.names.contains_key(name) || self.taken.get(name).is_some_and(|&u| u > now))
         {
@@ -55,22 +66,25 @@ impl State {
         let key = self.next_key;
         let delay = micros(new.delay);
         let options = new.life.or(self.tube_settings(&new.tube));
-        let job = Job {
+        let mut job = Job {
             key,
-            name: new.id,
-            tube: new.tube,
+            name: new.id.clone(),
+            tube: new.tube.clone(),
             pri: new.pri,
             delay,
             ttr: micros(new.ttr),
             created: now,
             state: ready_or_delayed(delay, now),
             counters: JobCounters::default(),
-            // The codec hands over a body that owns its bytes exactly, so
-            // this takes them without copying.
-            body: Vec::from(new.body).into_boxed_slice(),
+            body: Box::default(),
             life: Life::of(options, Round::default()),
         };
-        log.keep(Record::Job(job.image()))?;
+        let mut image = job.image();
+        image.body = &new.body;
+        log.keep(Record::Job(image))?;
+        // The codec hands over a body that owns its bytes exactly, so this
+        // takes them without copying.
+        job.body = Vec::from(std::mem::take(&mut new.body)).into_boxed_slice();
         self.next_key += 1;
         self.total_jobs += 1;
         self.tubes.entry(job.tube.clone()).or_default().total_jobs += 1;
