@@ -287,11 +287,28 @@ pub fn parse_line(line: &[u8]) -> Result<Line, ClientError> {
     if let Some(sp) = memchr::memchr(b' ', line) {
         let (name, rest) = (&line[..sp], &line[sp + 1..]);
         if WITH_ARGS.contains(&name) {
-            let args: Vec<&[u8]> = rest.split(|&b| b == b' ').collect();
-            if args.iter().any(|a| a.is_empty()) {
-                return Err(ClientError::BadFormat);
+            // Most commands have a few arguments: those are split on the
+            // stack, sparing every command an allocation; a batch's many
+            // ids go to the heap.
+            let mut few: [&[u8]; FEW_ARGS] = [&[]; FEW_ARGS];
+            let mut many = Vec::new();
+            let mut n = 0;
+            for arg in rest.split(|&b| b == b' ') {
+                if arg.is_empty() {
+                    return Err(ClientError::BadFormat);
+                }
+                if n < FEW_ARGS {
+                    few[n] = arg;
+                } else {
+                    if many.is_empty() {
+                        many.extend_from_slice(&few);
+                    }
+                    many.push(arg);
+                }
+                n += 1;
             }
-            return with_args(name, &args);
+            let args = if n <= FEW_ARGS { &few[..n] } else { &many[..] };
+            return with_args(name, args);
         }
     }
     let bare = BARE
@@ -304,6 +321,9 @@ pub fn parse_line(line: &[u8]) -> Result<Line, ClientError> {
         _ => Err(ClientError::BadFormat),
     }
 }
+
+/// How many arguments a command line splits into without allocating.
+const FEW_ARGS: usize = 8;
 
 /// Commands that take arguments, recognised by `name` followed by a space.
 const WITH_ARGS: &[&[u8]] = &[
