@@ -171,14 +171,14 @@ impl<S: Store> Session<S> {
             Command::Watch(tube) => {
                 if !self.watched.contains(&tube) {
                     broker.attach(&tube, TubeRef::Watching).await?;
-                    self.watched.insert(tube);
+                    self.watch(tube);
                 }
                 Reply::Watching(self.watched.len())
             }
             Command::Ignore(tube) => match self.watched.contains(&tube) {
                 true if self.watched.len() == 1 => Reply::NotIgnored,
                 true => {
-                    self.watched.swap_remove(&tube);
+                    self.unwatch(&tube);
                     // Not waited for, as the tube a `use` leaves: an
                     // `ignore` cannot fail.
                     let shared = shared.clone();
@@ -307,7 +307,7 @@ impl<S: Store> Session<S> {
     ) -> StoreResult<Outcome> {
         let tubes: Arc<[Tube]> = match tube {
             Some(t) => Arc::from([t]),
-            None if matches!(self.access, Access::Open) => self.watched.iter().cloned().collect(),
+            None if matches!(self.access, Access::Open) => self.watched_tubes(),
             None => {
                 // A prefix token takes only from the watched tubes it may
                 // touch, so `default`, watched from the start, need not be

@@ -71,6 +71,10 @@ pub struct Session<S: Store> {
     /// so that watching or letting go of each of many tubes is not a walk
     /// over all of them.
     pub(super) watched: IndexSet<Tube>,
+    /// `watched` as a reserve hands it to the broker, made again only after
+    /// a `watch` or an `ignore` (not for every reserve: it cost a worker two
+    /// allocations a job).
+    watching: Option<Arc<[Tube]>>,
     /// When each job this connection holds runs out of time, as far as this
     /// connection knows (only it can touch, release or finish them; the timer
     /// takes them when the deadline passes).
@@ -177,6 +181,26 @@ impl<S: Store> Session<S> {
 
     /// A session using and watching `tube`, holding nothing, not yet
     /// authenticated; `connection` says whether it is a connection's.
+    /// The watched tubes, as a reserve hands them to the broker.
+    pub(super) fn watched_tubes(&mut self) -> Arc<[Tube]> {
+        let watched = &self.watched;
+        self.watching
+            .get_or_insert_with(|| watched.iter().cloned().collect())
+            .clone()
+    }
+
+    /// Watches `tube` too.
+    pub(super) fn watch(&mut self, tube: Tube) {
+        self.watching = None;
+        self.watched.insert(tube);
+    }
+
+    /// Lets go of `tube`.
+    pub(super) fn unwatch(&mut self, tube: &Tube) {
+        self.watching = None;
+        self.watched.swap_remove(tube);
+    }
+
     fn fresh(shared: Arc<Shared<S>>, id: ConnId, tube: Tube, connection: bool) -> Session<S> {
         let access = first_access(&shared);
         Session {
@@ -184,6 +208,7 @@ impl<S: Store> Session<S> {
             shared,
             used: tube.clone(),
             watched: IndexSet::from([tube]),
+            watching: None,
             deadlines: HashMap::new(),
             producer: false,
             worker: false,

@@ -28,6 +28,16 @@ async fn use_routes_puts_and_reserve_follows_watch_list(backend: Backend) {
     assert_eq!(job.body, b"in foo");
     assert_eq!(c.cmd("use default").await, "USING default");
     assert_eq!(c.cmd("use default").await, "USING default");
+    // A reserve after an `ignore` no longer takes from the tube ignored.
+    assert_eq!(c.cmd("use foo").await, "USING foo");
+    c.put_ok(0, 0, 60, b"foo again").await;
+    assert_eq!(c.cmd("ignore foo").await, "WATCHING 1");
+    assert_eq!(c.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
+    assert_eq!(c.cmd("watch foo").await, "WATCHING 2");
+    assert_eq!(
+        c.reserved("reserve-with-timeout 0").await.body,
+        b"foo again"
+    );
 }
 
 async fn watch_and_ignore_counts(backend: Backend) {
