@@ -67,3 +67,17 @@ async fn durable_never_synced_survives_sigkill() {
     )
     .await;
 }
+
+/// With `-f 50` and small log files, flooding: records reach the kernel
+/// through the mapped log file at once, except around the start of each of
+/// the many new files (named only once the file before is synced), where
+/// they wait to be written. A kill at any of those moments loses nothing
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn durable_with_fsync_every_50ms_and_small_files_survives_sigkill_while_flooding() {
+    let kills = crate::scale(5, 20);
+    let keeper = Keeper::dir(&["-f", "50", "-s", "65536"]);
+    let producers = Producers::flooding(4, 8);
+    let what = "durable, -f 50 -s 65536, 4 producers flooding";
+    killed_and_restarted(keeper, what, kills, producers).await;
+}

@@ -141,6 +141,15 @@ impl<'a> Appender<'a> {
         let stamp = shared.synced.load(Ordering::Acquire);
         let chunk = b.chunks.last_mut().expect("a chunk for this file");
         encode_sized(&mut chunk.bytes, seq, stamp, record, length);
+        // With -f or -F, into the kernel at once through the mapped file (see
+        // `writer::Mapped`), if every record before it is there already.
+        if b.in_kernel + 1 == seq
+            && let Some(map) = b.map.as_mut().filter(|m| m.number == b.number)
+            && map.put(b.used, &chunk.bytes[chunk.bytes.len() - length..])
+        {
+            b.in_kernel = seq;
+            shared.in_kernel.store(seq, Ordering::Release);
+        }
         b.pending += 1;
         b.used += len;
         b.appended += len;

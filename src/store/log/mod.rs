@@ -291,6 +291,12 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         took_ms = started.elapsed().as_millis() as u64,
         "recovered the data directory"
     );
+    // With -f or -F records reach the kernel through the mapped file (see
+    // `writer::Mapped`); under the default policy nobody waits for less than
+    // a sync, which the writer thread does after its `pwrite` anyway.
+    let map = (options.policy != SyncPolicy::Always)
+        .then(|| writer::Mapped::new(&current, number))
+        .flatten();
     let shared = Arc::new(Shared::new(
         dir.clone(),
         options.policy,
@@ -305,6 +311,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     let mut next_spare = 0;
     {
         let mut b = shared.lock();
+        b.map = map;
         b.next_key = next_key;
         b.live_jobs = live_jobs;
         b.live_bytes = live_bytes;
@@ -408,16 +415,24 @@ async fn relay_marks(mut raw: watch::Receiver<Marks>, public: Arc<Waiters>, sync
 fn reached(shared: &Shared, m: &Marks, upto: u64) -> bool {
     match shared.policy {
         SyncPolicy::Always => m.synced >= upto,
-        SyncPolicy::Every(_) | SyncPolicy::Never => m.written >= upto,
+        SyncPolicy::Every(_) | SyncPolicy::Never => m.written >= upto || in_kernel(shared, upto),
     }
+}
+
+/// Whether record `upto` is in the kernel: written, or copied into the
+/// mapped log file (with -f or -F, where that is as safe as it must be).
+fn in_kernel(shared: &Shared, upto: u64) -> bool {
+    shared.in_kernel.load(Ordering::Acquire) >= upto
 }
 
 /// Waits until the records up to `upto` are safe, or the log has failed.
 async fn wait_safe(shared: Arc<Shared>, public: Arc<Waiters>, upto: u64) -> StoreResult<()> {
     if !matches!(shared.policy, SyncPolicy::Always) {
-        // With -f or -F a change is safe once the kernel has it: write
-        // it from here rather than wait for the writer thread to wake
-        // (a pwrite into the page cache, in order under the file's
+        // With -f or -F a change is safe once the kernel has it. Here its
+        // records could not be copied into the mapped log file (they
+        // begin a new file, not yet named, or came after such records):
+        // write them from here rather than wait for the writer thread to
+        // wake (a pwrite into the page cache, in order under the file's
         // lock, with whatever else has gathered). Every other task
         // ready to run goes first, so that the changes they make join
         // this write: one pwrite for a whole pass of the runtime's
@@ -448,6 +463,11 @@ impl Log for Wal {
     }
 
     async fn settle(&self, upto: u64) -> StoreResult<()> {
+        // The usual case with -f or -F: the records were copied into the
+        // mapped log file as they were taken, and the reply goes at once.
+        if self.shared.policy != SyncPolicy::Always && in_kernel(&self.shared, upto) {
+            return Ok(());
+        }
         if reached(&self.shared, &self.shared.marks.borrow(), upto) {
             return Ok(());
         }

@@ -8,6 +8,12 @@
 //! their replies (group commit): while it syncs, the next group gathers, so
 //! nobody waits for more than the sync in progress and their own.
 //!
+//! With `-f` or `-F` nobody waits for a sync, only for the kernel to have
+//! the records: each is also copied into the log file through a mapping
+//! ([`Mapped`]) as it is taken, which puts it in the page cache with no
+//! system call, and the reply goes at once; the writer thread writes and
+//! syncs on its deadline.
+//!
 //! Room for each record is checked as it is taken (`append.rs`).
 //!
 //! A failed write or sync is never retried nor assumed good (the kernel may
@@ -57,6 +63,66 @@ pub struct Spare {
     pub file: File,
 }
 
+/// The log file being appended to, mapped into memory: with `-f` or `-F`
+/// a record copied into it is in the kernel's page cache at once, as safe
+/// from a kill of the process as after a `pwrite`, with no system call and
+/// nothing to wait for. Its records are still written by `pwrite` later
+/// (the chunks), before each sync: a file system turned read-only takes
+/// writes to a mapping without a word, and the `pwrite` fails whether or
+/// not the kernel at hand also fails the `fdatasync` of such pages (6.18
+/// does, with ext4).
+pub(super) struct Mapped {
+    /// The log file's number.
+    pub number: u64,
+    map: memmap2::MmapMut,
+}
+
+impl Mapped {
+    /// Maps log file `number`, `file`, whole; `None` if it cannot be mapped
+    /// (its records then reach the kernel by `pwrite` alone).
+    pub fn new(file: &File, number: u64) -> Option<Mapped> {
+        let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
+        // SAFETY: the data directory is locked by this process, and nothing
+        // shortens a log file while it is written, so the mapped pages stay
+        // within the file. The bytes are only ever written through a raw
+        // pointer (`put`), so no Rust reference covers the bytes that a
+        // `pwrite` of this process writes at the same time.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .populate()
+                .map_mut(file)
+        };
+        map.ok().map(|map| Mapped { number, map })
+    }
+
+    /// Copies `bytes` to `offset` of the file; false (and nothing copied)
+    /// if they do not fit in the mapping.
+    pub fn put(&mut self, offset: u64, bytes: &[u8]) -> bool {
+        let Some(end) = usize::try_from(offset)
+            .ok()
+            .and_then(|at| at.checked_add(bytes.len()))
+        else {
+            return false;
+        };
+        if end > self.map.len() {
+            return false;
+        }
+        // SAFETY: `offset..end` lies within the mapping (checked above),
+        // and the buffer's lock, held by the caller, keeps any other copy
+        // into it out; `bytes` cannot overlap the mapping, as it is a
+        // chunk's own buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.map.as_mut_ptr().add(end - bytes.len()),
+                bytes.len(),
+            );
+        }
+        true
+    }
+}
+
 /// Bytes to write into one log file at one offset.
 pub(super) struct Chunk {
     /// The log file's number.
@@ -104,6 +170,16 @@ pub struct Buf {
     pub short_of_disk: bool,
     /// Why the log stopped taking changes.
     pub failed: Option<Arc<str>>,
+    /// With `-f` or `-F`, the log file being appended to, mapped (see
+    /// [`Mapped`]); `None` under the default policy, where every reply waits
+    /// for the writer anyway.
+    pub(super) map: Option<Mapped>,
+    /// Every record up to this one is in the kernel, in a named log file
+    /// (written, or copied into the mapping). A record is copied into the
+    /// mapping only if it is the next: should one be in the kernel and one
+    /// before it not, a kill would leave a hole, and recovery would cut the
+    /// answered record off behind it as a torn tail.
+    pub(super) in_kernel: u64,
     /// The writer sleeps until woken: a transition that appends wakes it.
     pub(super) writer_idle: bool,
     /// Records appended since the last write began.
@@ -127,6 +203,8 @@ pub struct Shared {
     pub marks: watch::Sender<Marks>,
     /// The last record synced, for stamping records (a copy of the marks').
     pub(super) synced: AtomicU64,
+    /// A copy of `Buf::in_kernel`, read without the lock.
+    pub(super) in_kernel: AtomicU64,
     /// The data directory.
     pub dir: PathBuf,
     /// When a change counts as safe.
@@ -184,6 +262,8 @@ impl Shared {
                 room_wanted: false,
                 short_of_disk: false,
                 failed: None,
+                map: None,
+                in_kernel: synced,
                 writer_idle: false,
                 pending: 0,
                 gather_for: 0,
@@ -197,6 +277,7 @@ impl Shared {
                 failed: None,
             }),
             synced: AtomicU64::new(synced),
+            in_kernel: AtomicU64::new(synced),
             dir,
             policy,
             file_size,
@@ -229,12 +310,33 @@ impl Shared {
         }
         let records = written_records(self, upto);
         let mut emptied = Vec::new();
-        if let Err((what, e)) = write(self, &mut file, chunks, &mut emptied) {
-            drop(file);
-            self.fail(what, &e);
-            return false;
-        }
-        self.lock().free.append(&mut emptied);
+        let opened = match write(self, &mut file, chunks, &mut emptied) {
+            Ok(opened) => opened,
+            Err((what, e)) => {
+                drop(file);
+                self.fail(what, &e);
+                return false;
+            }
+        };
+        // The file just begun is mapped only now that it has its name: a
+        // record copied into it before would not survive a kill.
+        let map = opened
+            .filter(|_| self.policy != SyncPolicy::Always)
+            .map(|number| Mapped::new(&file, number));
+        let unmapped = {
+            let mut b = self.lock();
+            b.free.append(&mut emptied);
+            // Flushes are in order (the file's lock), so every record up to
+            // `upto` is now in the kernel.
+            if b.in_kernel < upto {
+                b.in_kernel = upto;
+                self.in_kernel.store(upto, Ordering::Release);
+            }
+            map.and_then(|map| std::mem::replace(&mut b.map, map))
+        };
+        // Unmapped outside the lock: it flushes the processor's address
+        // translations, which takes a while.
+        drop(unmapped);
         self.records_written.fetch_add(records, Ordering::Relaxed);
         // Under the default policy nobody waits for a write alone: the
         // mark moves without waking the relay, which would only wake the
@@ -321,18 +423,19 @@ pub fn run(shared: Arc<Shared>) {
                 }
                 let gathered = !b.chunks.is_empty();
                 // Under the default policy the records are this thread's to
-                // write at once. With -f or -F each connection writes its
-                // own before its reply. Were this thread to write them too
-                // as soon as any gathered, it would contend with the
-                // connections for the file and wake the runtime after each
-                // of its writes, without pause under load (on -f 50 the
-                // cycle benchmark counted 1,000 to 2,400 futex calls and
-                // 1,100 to 2,100 context switches a second in the server;
-                // without it, 110 to 130 and 200 to 270). It writes only
-                // what nobody wrote by its deadline: the timer's records,
-                // which no reply waits for. (Under the default policy the
-                // keeper may write them too, before a snapshot: then they
-                // are written but not synced, and still this thread's.)
+                // write at once. With -f or -F they are in the kernel
+                // already, copied into the mapped log file as they were
+                // taken (or, around the start of a new file, written by the
+                // connection waiting on them): this thread writes them by
+                // `pwrite` only at its deadline, which is how a failed file
+                // system shows, before it syncs. Woken as soon as any
+                // gathered, it would wake for every change under load (on
+                // -f 50 the cycle benchmark once counted 1,000 to 2,400
+                // futex calls and 1,100 to 2,100 context switches a second
+                // in the server; 110 to 130 and 200 to 270 without). (Under
+                // the default policy the keeper may write them too, before
+                // a snapshot: then they are written but not synced, and
+                // still this thread's.)
                 if shared.policy == SyncPolicy::Always && (gathered || unsynced(&shared)) {
                     break;
                 }
@@ -353,8 +456,7 @@ pub fn run(shared: Arc<Shared>) {
                 };
                 // A writer that will wake by itself (with -f to sync once
                 // something is unsynced, with -F to write what lingers)
-                // needs no wake-up per record: the connections write their
-                // records themselves.
+                // needs no wake-up per record: nobody waits for it.
                 b.writer_idle = deadline.is_none();
                 b = match deadline {
                     None => shared.wake.wait(b).unwrap_or_else(PoisonError::into_inner),
@@ -396,8 +498,8 @@ pub fn run(shared: Arc<Shared>) {
             let Ok(took) = shared.sync() else {
                 continue;
             };
-            // Only the default policy lets groups gather: with -f or -F the
-            // connections write their own records and do not wait.
+            // Only the default policy lets groups gather: with -f or -F
+            // nobody waits for this thread.
             if shared.policy == SyncPolicy::Always {
                 gather = gather_time(records, took);
             }
@@ -410,12 +512,12 @@ pub fn run(shared: Arc<Shared>) {
     }
 }
 
-/// With -F, how long records appended may wait for the writer thread. A
-/// connection writes its own before its reply; the writer only has to
-/// write those nobody waits for (the timer's), and woken at every
-/// append, as under the default policy, it would cost a wake-up of a
-/// thread per change (the cycle benchmark showed a fifth fewer cycles than
-/// with -f 50, which waits so already).
+/// With -F, how long records appended may wait for the writer thread's
+/// `pwrite`. They reach the kernel before their replies without it (the
+/// mapped file), and woken at every append, as under the default policy,
+/// it would cost a wake-up of a thread per change (the cycle benchmark
+/// once showed a fifth fewer cycles than with -f 50, which waits so
+/// already).
 const LINGER: Duration = Duration::from_millis(50);
 
 /// Lets the next group gather for at most `most`, or until as many records
@@ -479,12 +581,15 @@ fn written_records(shared: &Shared, upto: u64) -> u64 {
 /// directory synced, so a log file's name never outlives its data; then
 /// the head file names it, only now that the name is on disk, so the head
 /// never names a file a crash could leave unnamed.
+///
+/// Returns the number of the last log file it began, if it began one.
 fn write(
     shared: &Shared,
     current: &mut Arc<File>,
     chunks: Vec<Chunk>,
     emptied: &mut Vec<Vec<u8>>,
-) -> Result<(), (&'static str, io::Error)> {
+) -> Result<Option<u64>, (&'static str, io::Error)> {
+    let mut opened = None;
     for mut chunk in chunks {
         match chunk.opens.take() {
             None => current
@@ -501,6 +606,7 @@ fn write(
                     .map_err(|e| ("rename", e))?;
                 sync_dir(&shared.dir).map_err(|e| ("directory sync", e))?;
                 *current = Arc::new(spare.file);
+                opened = Some(chunk.number);
                 let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
                 if let (Some(file), Some(says)) = (head.as_mut(), chunk.head) {
                     file.write(&says).map_err(|e| ("head file write", e))?;
@@ -512,5 +618,5 @@ fn write(
             emptied.push(chunk.bytes);
         }
     }
-    Ok(())
+    Ok(opened)
 }
