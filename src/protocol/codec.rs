@@ -279,7 +279,7 @@ mod tests {
             id: None,
             tube: None,
             body: Bytes::copy_from_slice(body),
-            life: Default::default(),
+            life: None,
         })
     }
 

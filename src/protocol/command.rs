@@ -32,8 +32,9 @@ pub enum Command {
         tube: Option<Tube>,
         /// The job's body.
         body: Bytes,
-        /// Its options (extension).
-        life: Lifecycle,
+        /// Its options (extension); `None` when none is set (see
+        /// [`Lifecycle::boxed`]).
+        life: Option<Box<Lifecycle>>,
     },
     /// `use <tube>`.
     Use(Tube),
@@ -118,7 +119,7 @@ pub enum Command {
     /// `pause-tube <tube> <delay>`.
     PauseTube(Tube, u32),
     /// `tube-set <tube> <option>=<value>...` (extension).
-    TubeSet(Tube, Lifecycle),
+    TubeSet(Tube, Box<Lifecycle>),
     /// `tube-settings <tube>` (extension).
     TubeSettings(Tube),
     /// `schedule ...` (extension), or JSON `schedule`: register or replace
@@ -144,7 +145,7 @@ pub enum Command {
     /// insert a whole job.
     Import(Box<WholeJob>),
     /// `import` of a tube's settings line.
-    ImportSettings(Tube, Lifecycle),
+    ImportSettings(Tube, Box<Lifecycle>),
     /// `import` of a schedule line.
     ImportSchedule(Box<Schedule>),
 }
@@ -221,7 +222,9 @@ impl Header {
             Header::Import(_) => Ok(
                 match export::read_any(&body, SystemTime::now(), usize::MAX)? {
                     export::Line::Job(job) => Command::Import(job),
-                    export::Line::Settings(tube, options) => Command::ImportSettings(tube, options),
+                    export::Line::Settings(tube, options) => {
+                        Command::ImportSettings(tube, Box::new(options))
+                    }
                     export::Line::Schedule(schedule) => Command::ImportSchedule(schedule),
                 },
             ),
@@ -257,7 +260,7 @@ impl PutHeader {
             id: self.id,
             tube: None,
             body,
-            life: self.life?,
+            life: self.life?.boxed(),
         })
     }
 }
@@ -468,7 +471,7 @@ fn with_args(name: &[u8], args: &[&[u8]]) -> Result<Line, ClientError> {
         (b"pause-tube", [tube, delay]) => Command::PauseTube(tube_arg(tube)?, num32(delay)?),
         (b"tube-set", [tube, opts @ ..]) => {
             let tube = tube_arg(tube)?;
-            Command::TubeSet(tube, options::parse(opts)?)
+            Command::TubeSet(tube, Box::new(options::parse(opts)?))
         }
         (b"tube-settings", [tube]) => Command::TubeSettings(tube_arg(tube)?),
         _ => return Err(ClientError::BadFormat),

@@ -220,7 +220,7 @@ impl<S: Store> Session<S> {
                 found(broker.pause_tube(&tube, secs(delay)).await?, Reply::Paused)
             }
             Command::TubeSet(tube, options) => {
-                broker.set_tube(&tube, options).await?;
+                broker.set_tube(&tube, *options).await?;
                 Reply::Set
             }
             Command::TubeSettings(tube) => {
@@ -277,7 +277,7 @@ impl<S: Store> Session<S> {
                 }
             }
             Command::ImportSettings(tube, options) => {
-                broker.set_tube(&tube, options).await?;
+                broker.set_tube(&tube, *options).await?;
                 Reply::Imported(format!("settings {tube}"))
             }
             Command::ImportSchedule(schedule) => {

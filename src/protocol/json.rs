@@ -177,7 +177,7 @@ pub(crate) fn add(
         id,
         tube: Some(tube?),
         body: Bytes::copy_from_slice(body),
-        life: life(obj)?,
+        life: life(obj)?.boxed(),
     })
 }
 
@@ -313,6 +313,7 @@ mod tests {
         ) else {
             panic!("not an add")
         };
+        let life = life.expect("options");
         assert_eq!(life.tries, Some(5));
         assert_eq!(life.backoff_max, Some(std::time::Duration::from_secs(600)));
         for bad in [
@@ -340,7 +341,7 @@ mod tests {
         else {
             panic!("not an add")
         };
-        assert!(life.is_empty());
+        assert!(life.is_none());
         assert_eq!(
             (pri, delay, ttr, id),
             (DEFAULT_PRIORITY, 0, DEFAULT_TTR, None)

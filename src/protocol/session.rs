@@ -20,7 +20,7 @@ use crate::auth::Access;
 use crate::broker::{Broker, Handout, Look, WaiterId};
 use crate::config::Config;
 use crate::error::StoreResult;
-use crate::job::{NewJob, Reserved};
+use crate::job::{Lifecycle, NewJob, Reserved};
 use crate::names::{JobId, Tube};
 use crate::rules::SAFETY_MARGIN;
 use crate::store::{ConnId, Store, TubeRef};
@@ -430,7 +430,7 @@ impl<S: Store> Session<S> {
             delay: secs(delay),
             ttr: secs(ttr),
             body,
-            life,
+            life: life.map_or_else(Lifecycle::default, |life| *life),
         })
     }
 }
