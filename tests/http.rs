@@ -538,7 +538,8 @@ async fn too_big_bodies(backend: Backend) {
     // A job body one byte over the limit, in a request the limit allows.
     let job = json!({"body": "x".repeat(65_536)});
     assert_eq!(api.post("/tubes/t/jobs", job).await, too_big);
-    // A request larger than any job could make it: not read to its end.
+    // A request larger than any job could make it: read and dropped, so
+    // the client, still sending, is not reset before it sees the answer.
     let huge = format!("{{\"body\":\"{}\"}}", "x".repeat(1 << 20));
     assert_eq!(api.raw(Method::POST, "/tubes/t/jobs", huge).await, too_big);
     // The largest job still goes in, escapes and all.
@@ -640,6 +641,46 @@ async fn raw_exchange(server: &TestServer, request: &[u8], limit: Duration) -> (
         }
     };
     (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// A body too big for a job is read and dropped, then answered, and the
+/// connection serves the next request; one declared larger than is worth
+/// reading is answered before a byte of it comes, and its connection closed.
+#[tokio::test]
+async fn too_big_bodies_are_answered_and_their_connection_kept_or_closed() {
+    let server = TestServer::start_http(Backend::Memory).await;
+    let body = format!("{{\"body\":\"{}\"}}", "x".repeat(1 << 20));
+    let mut request = format!(
+        "POST /v1/tubes/t/jobs HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    request.push_str("GET /v1/stats HTTP/1.1\r\nhost: x\r\n\r\n");
+    let (reply, closed) = raw_exchange(&server, request.as_bytes(), SEC).await;
+    assert!(reply.starts_with("HTTP/1.1 413 "), "{reply:?}");
+    assert_eq!(
+        reply.matches("HTTP/1.1 200 ").count(),
+        1,
+        "the request after the drained body: {reply:?}"
+    );
+    assert!(!closed, "the connection closed after a drained body");
+
+    let started = Instant::now();
+    let (reply, closed) = raw_exchange(
+        &server,
+        b"POST /v1/tubes/t/jobs HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000000\r\n\r\n{\"bo",
+        SEC * 5,
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 413 "), "{reply:?}");
+    assert!(
+        reply.to_ascii_lowercase().contains("connection: close"),
+        "{reply:?}"
+    );
+    assert!(
+        closed,
+        "the connection stayed open after a 1 GB declared body"
+    );
+    assert!(started.elapsed() < SEC * 3, "{:?}", started.elapsed());
 }
 
 /// A request whose body never comes is answered 408 once the body's time

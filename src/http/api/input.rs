@@ -66,7 +66,12 @@ async fn one_param<St: Send + Sync>(parts: &mut Parts, state: &St) -> Result<Str
 /// ([`Limits::json_line`]: room for the largest job even if every byte of
 /// it is escaped): past that it is `JOB_TOO_BIG` at once (a `Content-Length`
 /// over it before a byte of the body is read), so a request holds at most
-/// that much memory. It must arrive within [`BODY_TIMEOUT`] and a second
+/// that much memory. The rest of a too-big body is still read, and dropped,
+/// up to [`DRAIN_LIMIT`] bytes in all: a server that answers and closes
+/// while the client is still sending resets the connection, and the client,
+/// failing on its write, may never see the 413; drained, the connection
+/// even serves the client's next request. One declared over
+/// [`DRAIN_LIMIT`] is answered and its connection closed. It must arrive within [`BODY_TIMEOUT`] and a second
 /// more for every [`BODY_RATE`] bytes already come, or the request is
 /// answered 408 and its connection closed: a client that declares a body
 /// and never sends it, or trickles it, would otherwise hold its
@@ -83,6 +88,13 @@ pub const BODY_TIMEOUT: std::time::Duration = crate::http::HEADER_TIMEOUT;
 /// the largest body of the default `-z` (394,234 bytes) then has 49 s.
 pub const BODY_RATE: u64 = 10_000;
 
+/// The most of a too-big body that is read (and dropped) so that its
+/// client can be answered on a connection that is still whole: a few
+/// times the largest body of the default `-z`, which a client that does not
+/// know the limit may well send; past it, answering at once and closing
+/// costs less than taking in what could be gigabytes.
+pub const DRAIN_LIMIT: u64 = 4 << 20;
+
 impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
     type Rejection = Response;
 
@@ -95,7 +107,12 @@ impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
             .headers()
             .get(header::CONTENT_LENGTH)
             .and_then(|v| parse_u64(v.as_bytes()));
+        if declared.is_some_and(|n| n > DRAIN_LIMIT) {
+            return Err(closing(refuse(ClientError::JobTooBig)));
+        }
         if declared.is_some_and(|n| n > limit as u64) {
+            let stream = req.into_body().into_data_stream();
+            tokio::spawn(drain(stream, tokio::time::Instant::now(), 0));
             return Err(refuse(ClientError::JobTooBig));
         }
         let bytes = match read_body(req.into_body(), limit).await {
@@ -118,6 +135,11 @@ impl<S: Store> FromRequest<Arc<Shared<S>>> for Fields {
 fn too_slow() -> Response {
     let mut response = refuse(ClientError::BadFormat);
     *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
+    closing(response)
+}
+
+/// `response`, with its connection closed after it.
+fn closing(mut response: Response) -> Response {
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -144,11 +166,34 @@ async fn read_body(body: Body, limit: usize) -> Result<BytesMut, Option<ClientEr
         // The client stopped half way through its body.
         let chunk = chunk.map_err(|_| Some(ClientError::BadFormat))?;
         if bytes.len() + chunk.len() > limit {
+            tokio::spawn(drain(stream, started, (bytes.len() + chunk.len()) as u64));
             return Err(Some(ClientError::JobTooBig));
         }
         bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
+}
+
+/// Reads and drops the rest of a too-big body, `came` bytes of it already
+/// read, within the time [`read_body`] gives a body of its size, up to
+/// [`DRAIN_LIMIT`] bytes, while the answer goes out (hyper writes a
+/// response and reads its request's body independently). What is left
+/// unread when it gives up makes hyper close the connection, as it must.
+/// The task ends with the connection at the latest: the stream then ends.
+async fn drain(
+    mut stream: axum::body::BodyDataStream,
+    started: tokio::time::Instant,
+    mut came: u64,
+) {
+    while came <= DRAIN_LIMIT {
+        let until = started
+            + BODY_TIMEOUT
+            + std::time::Duration::from_millis(came.saturating_mul(1000) / BODY_RATE);
+        match tokio::time::timeout_at(until, stream.next()).await {
+            Ok(Some(Ok(chunk))) => came += chunk.len() as u64,
+            _ => return,
+        }
+    }
 }
 
 /// Adds the query's parameters to `fields`: a whole number as a JSON
