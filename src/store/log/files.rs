@@ -247,34 +247,54 @@ fn encode_head(head: &Head, generation: u64) -> [u8; HEAD_LEN] {
     b[24..32].copy_from_slice(&head.number.to_le_bytes());
     b[32..40].copy_from_slice(&head.next_key.to_le_bytes());
     b[40..48].copy_from_slice(&head.file_size.to_le_bytes());
-    let crc = crc32c::crc32c(&b[16..]);
+    let crc = head_crc(&b);
     b[12..16].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
-fn decode_head(b: &[u8]) -> Option<(Head, u64)> {
+/// The checksum of a head copy: its version and everything after the
+/// checksum itself, so that a changed version is a damaged copy, not a
+/// copy read by the wrong rules.
+fn head_crc(b: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&b[8..12]), &b[16..HEAD_LEN])
+}
+
+/// A whole head copy: what it says, its generation and its version.
+fn decode_head(b: &[u8]) -> Option<(Head, u64, u32)> {
     let b = b.get(..HEAD_LEN)?;
     let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
-    (&b[..8] == HEAD_MAGIC && crc == crc32c::crc32c(&b[16..])).then(|| {
+    // Builds before 2026-12-02 left the version out of the checksum; the
+    // heads they wrote say version 1 or 2, and are rewritten in the new
+    // form when the next log file begins.
+    let whole = crc == head_crc(b) || (version <= 2 && crc == crc32c::crc32c(&b[16..]));
+    (&b[..8] == HEAD_MAGIC && whole).then(|| {
         let head = Head {
             number: word(24),
             next_key: word(32),
             file_size: word(40),
         };
-        (head, word(16))
+        (head, word(16), version)
     })
 }
 
 /// Reads a head file: the copy of the highest generation; the error says
-/// that neither copy is whole.
+/// that neither copy is whole, or that the newest is of a format this
+/// build does not know (written by a newer delayq).
 pub fn read_head(path: &Path) -> Result<(Head, u64), String> {
     let data = fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
-    HEAD_SLOTS
+    let (head, generation, version) = HEAD_SLOTS
         .iter()
         .filter_map(|&at| decode_head(data.get(at as usize..)?))
-        .max_by_key(|&(_, generation)| generation)
-        .ok_or_else(|| "neither of its two copies is whole".to_string())
+        .max_by_key(|&(_, generation, _)| generation)
+        .ok_or_else(|| "neither of its two copies is whole".to_string())?;
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
+        return Err(format!(
+            "format version {version}; this delayq reads versions {OLDEST_VERSION} to {VERSION}"
+        ));
+    }
+    Ok((head, generation))
 }
 
 /// The head file, open for rewriting.
@@ -417,5 +437,49 @@ mod tests {
         bytes[HEAD_SLOTS[0] as usize + 30] ^= 1;
         fs::write(&path, &bytes).unwrap();
         assert!(read_head(&path).is_err());
+    }
+
+    /// The version is part of a head copy's checksum: a flipped version
+    /// byte makes the copy damaged (the other one is read); a whole copy of
+    /// a version this build does not know is refused by name; a head
+    /// written by a build that left the version out of the checksum is
+    /// still read.
+    #[test]
+    fn a_heads_version_is_checked_and_checksummed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(HEAD_FILE);
+        let head = |number| Head {
+            number,
+            next_key: number * 10,
+            file_size: 4096,
+        };
+        let mut file = HeadFile::create(dir.path(), &head(1)).unwrap();
+        file.write(&head(2)).unwrap();
+        let newest = HEAD_SLOTS[0] as usize;
+        assert_eq!(read_head(&path), Ok((head(2), 2)));
+        let good = fs::read(&path).unwrap();
+
+        let mut bytes = good.clone();
+        bytes[newest + 8] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_head(&path), Ok((head(1), 1)));
+
+        let mut bytes = good.clone();
+        let mut copy = encode_head(&head(2), 2);
+        copy[8..12].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        let crc = head_crc(&copy);
+        copy[12..16].copy_from_slice(&crc.to_le_bytes());
+        bytes[newest..newest + HEAD_LEN].copy_from_slice(&copy);
+        fs::write(&path, &bytes).unwrap();
+        let why = read_head(&path).unwrap_err();
+        assert!(why.contains(&format!("version {}", VERSION + 1)), "{why}");
+
+        let mut bytes = good;
+        let mut old = encode_head(&head(2), 2);
+        let crc = crc32c::crc32c(&old[16..]);
+        old[12..16].copy_from_slice(&crc.to_le_bytes());
+        bytes[newest..newest + HEAD_LEN].copy_from_slice(&old);
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_head(&path), Ok((head(2), 2)));
     }
 }
