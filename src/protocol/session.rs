@@ -179,8 +179,6 @@ impl<S: Store> Session<S> {
         Session::fresh(shared, id, tube, false)
     }
 
-    /// A session using and watching `tube`, holding nothing, not yet
-    /// authenticated; `connection` says whether it is a connection's.
     /// The watched tubes, as a reserve hands them to the broker.
     pub(super) fn watched_tubes(&mut self) -> Arc<[Tube]> {
         let watched = &self.watched;
@@ -201,6 +199,8 @@ impl<S: Store> Session<S> {
         self.watched.swap_remove(tube);
     }
 
+    /// A session using and watching `tube`, holding nothing, not yet
+    /// authenticated; `connection` says whether it is a connection's.
     fn fresh(shared: Arc<Shared<S>>, id: ConnId, tube: Tube, connection: bool) -> Session<S> {
         let access = first_access(&shared);
         Session {

@@ -413,6 +413,15 @@ mod tests {
         assert!(read_header(Kind::Log, &h[..10]).is_err());
     }
 
+    /// A head naming log file `number`.
+    fn head(number: u64) -> Head {
+        Head {
+            number,
+            next_key: number * 10,
+            file_size: 4096,
+        }
+    }
+
     /// A torn write of the head leaves the copy before it, and the
     /// newest whole copy wins, even one naming a lower file (a salvage
     /// lowers it).
@@ -420,11 +429,6 @@ mod tests {
     fn the_head_survives_a_torn_write_of_either_copy() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(HEAD_FILE);
-        let head = |number| Head {
-            number,
-            next_key: number * 10,
-            file_size: 4096,
-        };
         let mut file = HeadFile::create(dir.path(), &head(1)).unwrap();
         assert_eq!(read_head(&path), Ok((head(1), 1)));
         file.write(&head(5)).unwrap();
@@ -448,11 +452,6 @@ mod tests {
     fn a_heads_version_is_checked_and_checksummed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(HEAD_FILE);
-        let head = |number| Head {
-            number,
-            next_key: number * 10,
-            file_size: 4096,
-        };
         let mut file = HeadFile::create(dir.path(), &head(1)).unwrap();
         file.write(&head(2)).unwrap();
         let newest = HEAD_SLOTS[0] as usize;
