@@ -71,7 +71,9 @@ async fn one_param<St: Send + Sync>(parts: &mut Parts, state: &St) -> Result<Str
 /// while the client is still sending resets the connection, and the client,
 /// failing on its write, may never see the 413; drained, the connection
 /// even serves the client's next request. One declared over
-/// [`DRAIN_LIMIT`] is answered and its connection closed. It must arrive within [`BODY_TIMEOUT`] and a second
+/// [`DRAIN_LIMIT`] is answered and its connection closed.
+///
+/// A body must arrive within [`BODY_TIMEOUT`] and a second
 /// more for every [`BODY_RATE`] bytes already come, or the request is
 /// answered 408 and its connection closed: a client that declares a body
 /// and never sends it, or trickles it, would otherwise hold its

@@ -259,6 +259,10 @@ fn head_crc(b: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&b[8..12]), &b[16..HEAD_LEN])
 }
 
+/// The newest format version whose heads were written with the version
+/// left out of their checksum.
+const UNSUMMED_HEAD_VERSION: u32 = 2;
+
 /// A whole head copy: what it says, its generation and its version.
 fn decode_head(b: &[u8]) -> Option<(Head, u64, u32)> {
     let b = b.get(..HEAD_LEN)?;
@@ -266,9 +270,10 @@ fn decode_head(b: &[u8]) -> Option<(Head, u64, u32)> {
     let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
     // Builds before 2026-12-02 left the version out of the checksum; the
-    // heads they wrote say version 1 or 2, and are rewritten in the new
-    // form when the next log file begins.
-    let whole = crc == head_crc(b) || (version <= 2 && crc == crc32c::crc32c(&b[16..]));
+    // heads they wrote are rewritten in the new form when the next log
+    // file begins.
+    let whole =
+        crc == head_crc(b) || (version <= UNSUMMED_HEAD_VERSION && crc == crc32c::crc32c(&b[16..]));
     (&b[..8] == HEAD_MAGIC && whole).then(|| {
         let head = Head {
             number: word(24),
