@@ -1097,8 +1097,11 @@ async fn a_busy_tubes_news_does_not_delay_another_tubes() {
     for task in busy {
         task.await.expect("a busy client");
     }
+    // The fault made it 1 to 11 s. A healthy debug build on a shared
+    // 2-core machine took 173 to 323 ms here (2026-12-02; 250 ms was the
+    // bound once, and failed CI on an unchanged build).
     assert!(
-        slowest < Duration::from_millis(250),
+        slowest < Duration::from_millis(800),
         "a job on the quiet tube reached the worker blocked on the other process only \
          after {slowest:.2?}"
     );
