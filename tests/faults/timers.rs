@@ -136,7 +136,7 @@ async fn ended_unique_windows_are_freed_with_nothing_else_due() {
         };
         let mut c = daemon.client().await;
         for n in 0..JOBS {
-            let put = format!("put 0 0 60 1 once:{n} unique=6s\r\nx");
+            let put = format!("put 0 0 60 1 once:{n} unique=15s\r\nx");
             assert_eq!(c.cmd(&put).await, format!("INSERTED once:{n}"));
             assert_eq!(c.cmd(&format!("delete once:{n}")).await, "DELETED");
         }
@@ -145,18 +145,19 @@ async fn ended_unique_windows_are_freed_with_nothing_else_due() {
             taken, JOBS as u64,
             "cluster {cluster}: each id taken for its window"
         );
-        // The last id's window holds: it began a moment ago. (The first's
-        // may have ended already on a slow machine: with 3 s windows, a CI
-        // run took longer than that for the 2,000 puts and deletes.)
+        // The last id's window holds: it began a moment ago. (Windows are
+        // long, as every one must still hold once the 2,000 puts and
+        // deletes are done: a CI run on a loaded machine took longer than
+        // 3 s for them, and another longer than 6 s.)
         let last = JOBS - 1;
-        let again = format!("put 0 0 60 1 once:{last} unique=6s\r\nx");
+        let again = format!("put 0 0 60 1 once:{last} unique=15s\r\nx");
         assert_eq!(
             c.cmd(&again).await,
             format!("EXISTS once:{last}"),
             "the window holds"
         );
-        let put = "put 0 0 60 1 once:0 unique=6s\r\nx";
-        let ended = Instant::now() + Duration::from_secs(6);
+        let put = "put 0 0 60 1 once:0 unique=15s\r\nx";
+        let ended = Instant::now() + Duration::from_secs(15);
         let mut left = taken;
         while left > 0 && Instant::now() < ended + Duration::from_secs(5) {
             tokio::time::sleep(Duration::from_millis(200)).await;
