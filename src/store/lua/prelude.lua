@@ -374,6 +374,13 @@ local function finish()
   if SHARDED then return heads() end
 end
 
+-- A delay bucket is opened (its jobs moved into the tube's `soon` set,
+-- ordered to the millisecond) this many seconds before its second begins,
+-- so that the work of opening a full one is done while its jobs are not yet
+-- due, a few at a time between other calls, and never holds up a job that
+-- is. A job put after its bucket's opening time goes straight into `soon`.
+local OPEN_AHEAD = 1
+
 -- The bucket of a job due at `due` ms, and its second.
 local function bucket_of(tube, due)
   local second = math.floor(due / 1000)
@@ -387,13 +394,18 @@ local function bucket_member(key, due)
   return string.format('%d%03d', tonumber(key, 16), due % 1000)
 end
 
+-- A member of the bucket of `second` read back: the job's due time and key.
+local function bucket_entry(second, m)
+  return second * 1000 + tonumber(string.sub(m, -3)), string.format('%012x', tonumber(string.sub(m, 1, -4)))
+end
+
 -- The jobs of one bucket as {due, key}, soonest first (then oldest).
 local function bucket_jobs(tube, second, members)
   members = members or redis.call('SMEMBERS', P .. 'bucket:' .. tube .. ':' .. second)
   local jobs = {}
   for _, m in ipairs(members) do
-    local ms, key = tonumber(string.sub(m, -3)), tonumber(string.sub(m, 1, -4))
-    jobs[#jobs + 1] = { second * 1000 + ms, string.format('%012x', key) }
+    local due, key = bucket_entry(second, m)
+    jobs[#jobs + 1] = { due, key }
   end
   table.sort(jobs, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
   return jobs
@@ -464,8 +476,14 @@ local function link(key, job, state, at)
     announce(tube)
   elseif state == 'delayed' then
     local bucket, second = bucket_of(tube, at)
-    redis.call('SADD', bucket, bucket_member(key, at))
-    redis.call('ZADD', tube_key('delayed', tube), second, second)
+    if second - OPEN_AHEAD <= math.floor(now_ms() / 1000) then
+      -- Its bucket's time to be opened has come: straight into `soon`,
+      -- rather than into a bucket the timer would have to open again.
+      redis.call('ZADD', tube_key('soon', tube), at, key)
+    else
+      redis.call('SADD', bucket, bucket_member(key, at))
+      redis.call('ZADD', tube_key('delayed', tube), second, second)
+    end
     if redis.call('ZADD', P .. 'due', 'LT', 'CH', at, tube) == 1 then
       -- An earlier due time than the timers knew of: tell every process
       -- how long from now (no tube name contains ':').
