@@ -318,17 +318,23 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
 
 /// Polls `check` until it gives a value, failing the test with `what` and
 /// the last reason it gave after `limit`.
-pub fn wait_until<T>(
+pub fn wait_until<T>(what: &str, limit: Duration, check: impl FnMut() -> Result<T, String>) -> T {
+    try_wait_until(what, limit, check).unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// [`wait_until`], giving the failure back rather than failing the test,
+/// for a caller that has more to say about it.
+pub fn try_wait_until<T>(
     what: &str,
     limit: Duration,
     mut check: impl FnMut() -> Result<T, String>,
-) -> T {
+) -> Result<T, String> {
     let deadline = Instant::now() + limit;
     loop {
         match check() {
-            Ok(v) => return v,
+            Ok(v) => return Ok(v),
             Err(why) if Instant::now() > deadline => {
-                panic!("waited {limit:?} for {what}; still: {why}")
+                return Err(format!("waited {limit:?} for {what}; still: {why}"));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
@@ -452,7 +458,8 @@ impl Node {
         self.dir.join("redis.log")
     }
 
-    fn log_tail(&self) -> String {
+    /// The last lines of its log file.
+    pub fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.log()).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(15)..].join("\n")

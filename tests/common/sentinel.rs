@@ -13,7 +13,8 @@
 use std::collections::BTreeSet;
 
 use super::cluster::{
-    Node, Reply, SETTLE_LIMIT, StartError, data_node_args, redis_cli, reserve_ports, wait_until,
+    Node, Reply, SETTLE_LIMIT, StartError, data_node_args, redis_cli, reserve_ports,
+    try_wait_until, wait_until,
 };
 
 /// The name the sentinels know the primary by.
@@ -42,6 +43,7 @@ impl RedisSentinel {
         for _ in 0..START_ATTEMPTS {
             match RedisSentinel::spawn_all() {
                 Ok(setup) => {
+                    setup.no_tilt();
                     wait_until("the sentinels to settle", SETTLE_LIMIT, || setup.settled());
                     return setup;
                 }
@@ -107,6 +109,32 @@ impl RedisSentinel {
             sentinels,
             _dir: root,
         })
+    }
+
+    /// Keeps the sentinels out of TILT mode. A sentinel whose timer fires
+    /// more than 2 s late (the whole machine stalled, as a loaded shared VM
+    /// does) believes its clock jumped and stops acting for 30 s: longer
+    /// than a test waits for a failover. A CI run lost two failover tests
+    /// so, with every sentinel naming the dead primary after 30 s. Here a
+    /// stall must last 10 s to count, and TILT ends after 1 s.
+    fn no_tilt(&self) {
+        for s in &self.sentinels {
+            let reply = s.query(&[
+                "SENTINEL",
+                "DEBUG",
+                "tilt-trigger",
+                "10000",
+                "tilt-period",
+                "1000",
+            ]);
+            match reply {
+                Ok(Reply::Status(ok)) if ok == "OK" => {}
+                other => panic!(
+                    "SENTINEL DEBUG (Redis 7.0 or later) on port {}: {other:?}",
+                    s.port()
+                ),
+            }
+        }
     }
 
     /// Whether the replica's link is up and every sentinel knows the
@@ -222,8 +250,9 @@ impl RedisSentinel {
 
     /// Waits until every live sentinel names the same primary, not the one
     /// on `old_port`, and that node's ROLE says master; returns its port.
+    /// On failure it names what each sentinel last logged.
     pub fn wait_for_failover(&self, old_port: u16) -> u16 {
-        wait_until(
+        let waited = try_wait_until(
             &format!("the sentinels to promote a replica of port {old_port}"),
             SETTLE_LIMIT,
             || {
@@ -249,7 +278,15 @@ impl RedisSentinel {
                     other => Err(format!("port {new} answers ROLE with {other:?}")),
                 }
             },
-        )
+        );
+        waited.unwrap_or_else(|why| {
+            let logs: Vec<String> = self
+                .sentinels
+                .iter()
+                .map(|s| format!("sentinel on port {}:\n{}", s.port(), s.log_tail()))
+                .collect();
+            panic!("{why}\n{}", logs.join("\n"))
+        })
     }
 
     /// Freezes the data node on `port` with SIGSTOP; to the sentinels it
