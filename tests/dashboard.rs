@@ -298,26 +298,39 @@ impl Browser {
         }
     }
 
+    /// Clicks the element `css` finds. The page rebuilds its table at every
+    /// refresh, so the element found may be gone by the time it is clicked
+    /// (a loaded CI run lost a kick so: the driver's "stale element
+    /// reference" went unread); then it is found again.
     async fn click(&self, css: &str) {
-        let found = self
-            .call(
-                reqwest::Method::POST,
-                "/element",
-                json!({"using": "css selector", "value": css}),
-            )
-            .await;
-        let id = found
-            .as_object()
-            .and_then(|o| o.values().next())
-            .and_then(Value::as_str)
-            .unwrap_or_else(|| panic!("no element {css}: {found}"))
-            .to_string();
-        self.call(
-            reqwest::Method::POST,
-            &format!("/element/{id}/click"),
-            json!({}),
-        )
-        .await;
+        for _ in 0..20 {
+            let found = self
+                .call(
+                    reqwest::Method::POST,
+                    "/element",
+                    json!({"using": "css selector", "value": css}),
+                )
+                .await;
+            let id = found
+                .as_object()
+                .and_then(|o| o.values().next())
+                .and_then(Value::as_str)
+                .unwrap_or_else(|| panic!("no element {css}: {found}"))
+                .to_string();
+            let clicked = self
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/element/{id}/click"),
+                    json!({}),
+                )
+                .await;
+            match clicked.get("error").and_then(Value::as_str) {
+                None => return,
+                Some("stale element reference") => continue,
+                Some(_) => panic!("clicking {css}: {clicked}"),
+            }
+        }
+        panic!("{css} went stale 20 times in a row");
     }
 
     async fn screenshot(&self) -> Vec<u8> {
