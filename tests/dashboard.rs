@@ -318,9 +318,10 @@ impl Browser {
                     json!({"using": "css selector", "value": css}),
                 )
                 .await;
+            // An error answer is an object too ({"error": ...}): only the
+            // W3C element key names an element.
             let id = found
-                .as_object()
-                .and_then(|o| o.values().next())
+                .get("element-6066-11e4-a52e-4f735466cecf")
                 .and_then(Value::as_str)
                 .unwrap_or_else(|| panic!("no element {css}: {found}"))
                 .to_string();
