@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, try_join_all};
 use redis::cluster::ClusterClient;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{PushInfo, PushKind, RedisError, Value};
@@ -164,15 +164,18 @@ pub(super) type CatchUps = mpsc::UnboundedSender<oneshot::Sender<()>>;
 /// its replies and its news on it in order, once every `PONG` is back the
 /// news sent before them has arrived; it is taken in, then the requests
 /// are answered. Requests that come while a `PING` is out wait for the
-/// next one (their news may have been sent after it).
+/// next one (their news may have been sent after it). `subscribed` is
+/// told once the first subscriptions are made.
 pub(super) async fn listen_shards(
     nodes: Arc<Nodes>,
     sharding: Arc<Sharding>,
     tx: mpsc::Sender<StoreEvent>,
     mut catch_ups: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    subscribed: oneshot::Sender<()>,
     stop: CancellationToken,
 ) {
     let mut connected_before = false;
+    let mut subscribed = Some(subscribed);
     loop {
         let session = async {
             let (push, mut pushed) = mpsc::unbounded_channel();
@@ -187,9 +190,14 @@ pub(super) async fn listen_shards(
                 .iter()
                 .map(|t| format!("{t}events"))
                 .collect();
-            for channel in &channels {
-                conn.ssubscribe(channel).await?;
-            }
+            // All at once: one after another, the 64 round trips (and as
+            // many `ROLE`s below) kept a fresh or failed-over deployment
+            // deaf for 40 ms idle and past half a second on a busy machine.
+            try_join_all(channels.iter().map(|channel| {
+                let mut conn = conn.clone();
+                async move { conn.ssubscribe(channel).await }
+            }))
+            .await?;
             // A slot map fetched from a node that has not yet learnt it was
             // demoted sends a channel's subscription to that node, now a
             // replica: it takes it without a redirect, and hears the
@@ -198,16 +206,18 @@ pub(super) async fn listen_shards(
             // an eighth of `reserve-with-timeout 0` miss a job just put).
             // The node each channel went to is asked its role; a replica
             // among them, and the subscriptions are made again.
-            for channel in &channels {
+            let roles = try_join_all(channels.iter().map(|channel| {
                 let at = u16::try_from(slot(channel.as_bytes())).unwrap_or_default();
                 let on = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
                     at,
                     SlotAddr::Master,
                 )));
-                let role = bounded(conn.route_command(redis::cmd("ROLE"), on)).await?;
-                if !is_primary(&role) {
-                    return Err(lost("a shard's channel was subscribed on a replica"));
-                }
+                let mut conn = conn.clone();
+                async move { bounded(conn.route_command(redis::cmd("ROLE"), on)).await }
+            }))
+            .await?;
+            if !roles.iter().all(is_primary) {
+                return Err(lost("a shard's channel was subscribed on a replica"));
             }
             // Learnt now and again later, so that the next session can
             // begin from nodes that are up even if every seed is down.
@@ -217,6 +227,9 @@ pub(super) async fn listen_shards(
             }
             sharding.forget_all();
             let _ = tx.send(StoreEvent::Resync).await;
+            if let Some(first) = subscribed.take() {
+                let _ = first.send(());
+            }
             let mut asked: Vec<oneshot::Sender<()>> = Vec::new();
             let mut pinged: Vec<oneshot::Sender<()>> = Vec::new();
             let mut ping: Option<BoxFuture<'static, bool>> = None;

@@ -210,6 +210,8 @@ impl RedisStore {
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
         );
         let mut catching_up = None;
+        // On a cluster, told once the shards' news channels are heard.
+        let mut subscribing = None;
         // The cluster's nodes as far as known, shared by its connections.
         let mut cluster_nodes = None;
         let (conn, sharding) = match &target {
@@ -244,13 +246,16 @@ impl RedisStore {
                     options.whole_tubes.clone(),
                 ));
                 let (catch_up, catch_ups) = mpsc::unbounded_channel();
+                let (heard, hearing) = oneshot::channel();
                 tokio::spawn(events::listen_shards(
                     nodes,
                     sharding.clone(),
                     tx,
                     catch_ups,
+                    heard,
                     stop.clone(),
                 ));
+                subscribing = Some(hearing);
                 catching_up = Some(catch_up);
                 (conn, Some(sharding))
             }
@@ -320,7 +325,22 @@ impl RedisStore {
         };
         // Counted among the live processes before any connection attaches
         // to a tube.
+        if let Some(hearing) = subscribing {
+            // Until the news channels are subscribed, a catch-up (which a
+            // `reserve-with-timeout 0` asks for before it answers that
+            // nothing is ready) waits for them, and then for its own time
+            // limit; a first command should not. Bounded, so that a node
+            // that does not answer does not hold the start back for long:
+            // the listener goes on trying by itself.
+            let _ = tokio::time::timeout(conn::CALL_TIMEOUT, hearing).await;
+        }
         store.tick().await?;
+        if let Some(s) = &store.sharding {
+            // What every shard holds, asked now (after the subscriptions,
+            // which mark every shard's news as possibly missed) rather than
+            // by the first reserve.
+            store.rescan(s).await?;
+        }
         Ok(store)
     }
 
