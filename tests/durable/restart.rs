@@ -400,11 +400,11 @@ async fn schedules_survive_sigkill_and_compaction() {
     c.send(b"\r\n").await;
     assert!(c.line().await.starts_with("SCHEDULED "));
     for cmd in [
-        "schedule heartbeat beats 0 60 4 every 1d\r\nbeat\r\n",
+        "schedule heartbeat beats 0 60 4 every 300d\r\nbeat\r\n",
         // Replaced: only the second one counts.
-        "schedule cleanup default 1 30 3 every 1h\r\nold\r\n",
-        "schedule cleanup default 2 40 3 every 2h\r\nnew\r\n",
-        "schedule gone default 0 60 1 every 1h\r\nx\r\n",
+        "schedule cleanup default 1 30 3 every 250d\r\nold\r\n",
+        "schedule cleanup default 2 40 3 every 366d\r\nnew\r\n",
+        "schedule gone default 0 60 1 every 200d\r\nx\r\n",
     ] {
         c.send(cmd.as_bytes()).await;
         assert!(c.line().await.starts_with("SCHEDULED "), "{cmd}");
@@ -416,7 +416,7 @@ async fn schedules_survive_sigkill_and_compaction() {
         3,
         "{before:?}"
     );
-    assert!(before.contains(&"  every: 2h".to_string()), "{before:?}");
+    assert!(before.contains(&"  every: 366d".to_string()), "{before:?}");
 
     daemon.kill();
     let mut daemon = Daemon::durable(dir.path(), &args).await;
