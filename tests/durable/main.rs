@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::daemon::{BIN, free_port, wait_exit};
+use common::daemon::{BIN, wait_exit};
 
 /// A file system mounted for one test, or `None` (the reason printed)
 /// where this user may not mount one. Mounting needs CAP_SYS_ADMIN: as
@@ -109,9 +109,10 @@ pub fn copy_dir(from: &Path) -> tempfile::TempDir {
 /// test's server that took the port meanwhile.
 pub fn start_or_refuse(dir: &Path, args: &[&str]) -> Option<(std::process::ExitStatus, String)> {
     use std::io::BufRead;
-    let port = free_port();
+    // Port 0: nothing connects, and a port picked free beforehand may be
+    // another test's by the time this server listens.
     let mut child = Command::new(BIN)
-        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-b"])
+        .args(["-l", "127.0.0.1", "-p", "0", "-b"])
         .arg(dir)
         .args(args)
         .env("RUST_LOG", "info")
