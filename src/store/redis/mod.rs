@@ -323,8 +323,6 @@ impl RedisStore {
             catch_up: catching_up,
             _listener: stop.drop_guard(),
         };
-        // Counted among the live processes before any connection attaches
-        // to a tube.
         if let Some(hearing) = subscribing {
             // Until the news channels are subscribed, a catch-up (which a
             // `reserve-with-timeout 0` asks for before it answers that
@@ -334,6 +332,8 @@ impl RedisStore {
             // the listener goes on trying by itself.
             let _ = tokio::time::timeout(conn::CALL_TIMEOUT, hearing).await;
         }
+        // Counted among the live processes before any connection attaches
+        // to a tube.
         store.tick().await?;
         if let Some(s) = &store.sharding {
             // What every shard holds, asked now (after the subscriptions,
