@@ -80,7 +80,8 @@ pub struct Flags {
     /// silently ignored.
     #[command(subcommand)]
     pub command: Option<crate::cli::Command>,
-    /// Address to listen on.
+    /// Address to listen on, or `unix:PATH` for a Unix domain socket at
+    /// PATH (as in beanstalkd; -p is then not used).
     #[arg(short = 'l', value_name = "ADDR", default_value = "127.0.0.1")]
     pub listen: String,
     /// TCP port to listen on.
@@ -238,6 +239,20 @@ impl Flags {
             return Err(
                 "--redis-prefix may not contain braces: delayq adds its own hash tag".into(),
             );
+        }
+        if let Some(path) = self.listen.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("-l unix:PATH wants the socket's path".into());
+            }
+            // A client of a Unix socket is on this machine, and the socket
+            // file's permissions say who may connect; a certificate would
+            // name no host. TLS there would only lock out the clients
+            // (the admin CLI among them) that expect plaintext.
+            if self.tls_cert.is_some() {
+                return Err("--tls-cert is for TCP clients; -l unix:PATH is served in \
+                            plaintext, guarded by the socket file's permissions"
+                    .into());
+            }
         }
         // Read now, so that a bad file stops the start, not the first client.
         let tokens = match &self.tokens {
@@ -432,6 +447,23 @@ mod tests {
         assert_eq!(durable(&["-F", "-f", "0"]).policy, SyncPolicy::Always);
         assert!(settings(&["--in-memory", "-b", "d"]).is_err());
         assert!(settings(&["--redis", "redis://x", "-b", "d"]).is_err());
+    }
+
+    #[test]
+    fn a_unix_socket_needs_a_path_and_no_tls() {
+        let s = settings(&["-l", "unix:/run/delayq.sock"]).unwrap();
+        assert_eq!(s.listen, "unix:/run/delayq.sock");
+        assert!(settings(&["-l", "unix:"]).is_err());
+        let e = settings(&[
+            "-l",
+            "unix:/run/delayq.sock",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+        ])
+        .unwrap_err();
+        assert!(e.contains("unix"), "{e}");
     }
 
     #[test]

@@ -3,18 +3,20 @@
 //! [`delayq::cli::run`].
 
 use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use clap::Parser;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use delayq::clock::Clock;
 use delayq::config::{Config, Engine, Flags, Settings};
-use delayq::server::{Control, MAX_LINGERING, raise_fd_limit, run_with_http};
+use delayq::server::{Control, Listener, MAX_LINGERING, raise_fd_limit, run_with_http};
 use delayq::store::Store;
 use delayq::store::log::SyncPolicy;
 use delayq::store::memory::MemoryStore;
@@ -87,15 +89,35 @@ fn no_runtime(e: &std::io::Error) -> ExitCode {
 }
 
 async fn serve_settings(settings: Settings) -> ExitCode {
-    let Some(addr) = resolve(&settings.listen, settings.port).await else {
-        return ExitCode::from(2);
-    };
-    let listener = match listen(addr) {
-        Ok(listener) => listener,
-        Err(e) => {
-            error!(%addr, error = %e, "cannot listen");
-            return ExitCode::FAILURE;
+    let (listener, at) = if let Some(path) = settings.listen.strip_prefix("unix:") {
+        match listen_unix(Path::new(path)) {
+            Ok(bound) => bound,
+            Err(why) => {
+                error!("{why}");
+                return ExitCode::FAILURE;
+            }
         }
+    } else {
+        let Some(addr) = resolve(&settings.listen, settings.port).await else {
+            return ExitCode::from(2);
+        };
+        match listen(addr) {
+            Ok(listener) => {
+                let at = listener
+                    .local_addr()
+                    .map_or_else(|_| addr.to_string(), |a| a.to_string());
+                (Listener::Tcp(listener), at)
+            }
+            Err(e) => {
+                error!(%addr, error = %e, "cannot listen");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    // Removed however this function returns.
+    let _socket_file = match &listener {
+        Listener::Unix(_) => SocketFile::of(&at),
+        Listener::Tcp(_) => None,
     };
     let http = match &settings.http {
         None => None,
@@ -121,16 +143,16 @@ async fn serve_settings(settings: Settings) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let served = match &settings.engine {
-        Engine::Memory => serve(listener, http, MemoryStore::new(), config, control).await,
+        Engine::Memory => serve(listener, &at, http, MemoryStore::new(), config, control).await,
         Engine::Durable(options) => {
             match delayq::store::log::open(options.clone(), Clock::system()) {
-                Ok(store) => serve(listener, http, store, config, control).await,
+                Ok(store) => serve(listener, &at, http, store, config, control).await,
                 Err(why) => Err(why),
             }
         }
         Engine::Redis { target, options } => {
             match RedisStore::open(target.clone(), options.clone()).await {
-                Ok(store) => serve(listener, http, store, config, control).await,
+                Ok(store) => serve(listener, &at, http, store, config, control).await,
                 Err(e) => Err(format!("cannot connect to Redis: {e}")),
             }
         }
@@ -147,17 +169,23 @@ async fn serve_settings(settings: Settings) -> ExitCode {
     }
 }
 
-/// Serves on `store` until shutdown.
+/// Serves on `store` until shutdown; `at` says where `listener` listens.
 async fn serve<S: Store>(
-    listener: TcpListener,
+    listener: Listener,
+    at: &str,
     http: Option<TcpListener>,
     store: S,
     config: Config,
     control: Control,
 ) -> Result<(), String> {
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    info!(%addr, max_job_size = config.max_job_size, max_connections = config.max_connections,
-        engine = store.describe(), tls = config.tls.is_some(), "delayq listening");
+    info!(
+        addr = at,
+        max_job_size = config.max_job_size,
+        max_connections = config.max_connections,
+        engine = store.describe(),
+        tls = config.tls.is_some(),
+        "delayq listening"
+    );
     if config.tls.is_some() {
         info!("TLS on: the text port and --http accept TLS clients only");
     }
@@ -181,6 +209,73 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
+}
+
+/// Listens on a Unix domain socket at `path`, as beanstalkd's
+/// `-l unix:PATH` does, and says where (the path as given).
+///
+/// A socket file left there by a server that is gone (killed, or the
+/// machine lost power) is replaced, as beanstalkd replaces any; one that a
+/// running server still accepts on is not (beanstalkd would take it over,
+/// and the other server's clients would silently reach this one from then
+/// on), and a file that is not a socket is never removed.
+fn listen_unix(path: &Path) -> Result<(Listener, String), String> {
+    let shown = path.display();
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "cannot listen on {shown}: it exists and is not a socket"
+            ));
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(format!(
+                    "cannot listen on {shown}: another server is listening there"
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                warn!(path = %shown, "removing a socket file nobody listens on, to replace it");
+                std::fs::remove_file(path)
+                    .map_err(|e| format!("cannot remove the old socket {shown}: {e}"))?;
+            }
+            Err(e) => return Err(format!("cannot listen on {shown}: {e}")),
+        }
+    }
+    let listener =
+        UnixListener::bind(path).map_err(|e| format!("cannot listen on {shown}: {e}"))?;
+    Ok((Listener::Unix(listener), format!("unix:{shown}")))
+}
+
+/// The socket file this server made, removed when the server stops (the
+/// next start would find it in the way), unless another file has taken its
+/// place meanwhile: it is known by its inode.
+struct SocketFile {
+    path: std::path::PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    /// The socket file of `at` (`unix:PATH`) as it is now.
+    fn of(at: &str) -> Option<SocketFile> {
+        let path = std::path::PathBuf::from(at.strip_prefix("unix:")?);
+        let meta = std::fs::symlink_metadata(&path).ok()?;
+        Some(SocketFile {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            path,
+        })
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// The address of `ADDR:PORT` (a name is resolved).

@@ -6,13 +6,18 @@
 //! With TLS on (`Config::tls`) the loop is the same: each connection's task
 //! shakes hands first, after it has its place under the limit, so the loop
 //! itself never waits on a client.
+//!
+//! The text protocol is served on a TCP port or, as beanstalkd's
+//! `-l unix:PATH` does, on a Unix domain socket ([`Listener`]); a
+//! connection is the same either way.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -20,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::protocol::connection;
+use crate::protocol::connection::{self, Transport};
 use crate::protocol::session::Shared;
 use crate::protocol::stats::ServerStats;
 use crate::store::Store;
@@ -54,20 +59,82 @@ pub struct Control {
     pub draining: Arc<AtomicBool>,
 }
 
+/// Where the text protocol is served.
+pub enum Listener {
+    /// A TCP port.
+    Tcp(TcpListener),
+    /// A Unix domain socket (`-l unix:PATH`): for clients on the same
+    /// machine, with the file system's permissions as its access control.
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Listener {
+        Listener::Tcp(listener)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(listener: UnixListener) -> Listener {
+        Listener::Unix(listener)
+    }
+}
+
+/// A connection just accepted, and its peer's address (a Unix socket's
+/// peer has none worth telling: clients are unnamed).
+enum Accepted {
+    Tcp(TcpStream, SocketAddr),
+    Unix(UnixStream),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer)),
+            Listener::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+        }
+    }
+}
+
+/// A stream a refusal can be written to at once, without waiting.
+pub(crate) trait Refusable: Transport {
+    /// Writes what fits in the socket's buffer now (a fresh socket's buffer
+    /// is empty, so a short refusal goes out whole).
+    fn write_now(&self, bytes: &[u8]);
+}
+
+impl Refusable for TcpStream {
+    fn write_now(&self, bytes: &[u8]) {
+        let _ = self.try_write(bytes);
+    }
+}
+
+impl Refusable for UnixStream {
+    fn write_now(&self, bytes: &[u8]) {
+        let _ = self.try_write(bytes);
+    }
+}
+
 /// Serves `listener` with `store` until `control.shutdown` is cancelled.
-pub async fn run<S: Store>(listener: TcpListener, store: S, config: Config, control: Control) {
+pub async fn run<S: Store>(
+    listener: impl Into<Listener>,
+    store: S,
+    config: Config,
+    control: Control,
+) {
     run_with_http(listener, None, store, config, control).await;
 }
 
 /// Serves `listener` with `store`, and the HTTP front end on `http` if
 /// given, until `control.shutdown` is cancelled.
 pub async fn run_with_http<S: Store>(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     http: Option<TcpListener>,
     store: S,
     config: Config,
     control: Control,
 ) {
+    let listener = listener.into();
     let shared = Arc::new(Shared {
         broker: Broker::new(store),
         stats: ServerStats::new(control.draining.clone()),
@@ -108,16 +175,20 @@ pub async fn run_with_http<S: Store>(
         let shutdown = control.shutdown.clone();
         tracker.spawn(async move { shared.broker.run_schedules(shutdown).await });
     }
-    let next_conn = AtomicU64::new(0);
-    let room = Arc::new(Semaphore::new(
-        shared.config.max_connections.min(Semaphore::MAX_PERMITS),
-    ));
-    let lingering = Arc::new(Semaphore::new(MAX_LINGERING));
-    let tls = shared.config.tls.clone();
-    let refusal = if tls.is_some() {
-        TOO_MANY_TLS
-    } else {
-        TOO_MANY
+    let admission = Admission {
+        next_conn: AtomicU64::new(0),
+        room: Arc::new(Semaphore::new(
+            shared.config.max_connections.min(Semaphore::MAX_PERMITS),
+        )),
+        lingering: Arc::new(Semaphore::new(MAX_LINGERING)),
+        refusal: if shared.config.tls.is_some() {
+            TOO_MANY_TLS
+        } else {
+            TOO_MANY
+        },
+        shared: shared.clone(),
+        shutdown: control.shutdown.clone(),
+        tracker: tracker.clone(),
     };
     loop {
         let accepted = tokio::select! {
@@ -125,34 +196,11 @@ pub async fn run_with_http<S: Store>(
             () = control.shutdown.cancelled() => break,
         };
         match accepted {
-            Ok((socket, peer)) => {
-                let Ok(permit) = room.clone().try_acquire_owned() else {
-                    debug!(%peer, "connection refused: too many connections");
-                    refuse(socket, refusal, &lingering, &tracker);
-                    continue;
-                };
+            Ok(Accepted::Tcp(socket, peer)) => {
                 let _ = socket.set_nodelay(true);
-                let conn = next_conn.fetch_add(1, Ordering::Relaxed) + 1;
-                let shutdown = control.shutdown.clone();
-                let shared = shared.clone();
-                match &tls {
-                    None => tracker.spawn(async move {
-                        connection::serve(socket, peer, conn, shared, shutdown).await;
-                        drop(permit);
-                    }),
-                    Some(tls) => {
-                        let tls = tls.clone();
-                        tracker.spawn(async move {
-                            if let Some(stream) = tls.accept_text(socket, peer, &shutdown).await {
-                                let stream =
-                                    connection::serve(stream, peer, conn, shared, shutdown).await;
-                                crate::tls::close(stream).await;
-                            }
-                            drop(permit);
-                        })
-                    }
-                };
+                admission.admit(socket, Some(peer));
             }
+            Ok(Accepted::Unix(socket)) => admission.admit(socket, None),
             Err(e) => {
                 // Usually out of file descriptors: back off rather than spin.
                 warn!(error = %e, "accept failed");
@@ -173,6 +221,46 @@ pub async fn run_with_http<S: Store>(
     shared.broker.leave().await;
 }
 
+/// What the accept loop needs to start a connection's task, or refuse it.
+struct Admission<S: Store> {
+    next_conn: AtomicU64,
+    /// A permit per connection allowed.
+    room: Arc<Semaphore>,
+    lingering: Arc<Semaphore>,
+    refusal: &'static [u8],
+    shared: Arc<Shared<S>>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl<S: Store> Admission<S> {
+    /// Serves `socket` in a task of its own if the limit allows another
+    /// connection, else refuses it.
+    fn admit<T: Refusable>(&self, socket: T, peer: Option<SocketAddr>) {
+        let Ok(permit) = self.room.clone().try_acquire_owned() else {
+            debug!(?peer, "connection refused: too many connections");
+            refuse(socket, self.refusal, &self.lingering, &self.tracker);
+            return;
+        };
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed) + 1;
+        let shutdown = self.shutdown.clone();
+        let shared = self.shared.clone();
+        match self.shared.config.tls.clone() {
+            None => self.tracker.spawn(async move {
+                connection::serve(socket, peer, conn, shared, shutdown).await;
+                drop(permit);
+            }),
+            Some(tls) => self.tracker.spawn(async move {
+                if let Some(stream) = tls.accept_text(socket, peer, &shutdown).await {
+                    let stream = connection::serve(stream, peer, conn, shared, shutdown).await;
+                    crate::tls::close(stream).await;
+                }
+                drop(permit);
+            }),
+        };
+    }
+}
+
 /// Tells a connection over the limit so (`refusal`) and closes it.
 ///
 /// Closing a socket whose input was never read makes the kernel send a
@@ -184,8 +272,8 @@ pub async fn run_with_http<S: Store>(
 /// cannot use up the file descriptors the limit is there to keep. An empty
 /// `refusal` is an orderly close without a word (what a TLS client gets:
 /// no plaintext can reach it before a handshake).
-pub(crate) fn refuse(
-    socket: TcpStream,
+pub(crate) fn refuse<T: Refusable>(
+    socket: T,
     refusal: &'static [u8],
     lingering: &Arc<Semaphore>,
     tracker: &TaskTracker,
@@ -193,7 +281,7 @@ pub(crate) fn refuse(
     // Said at once and without waiting: a fresh socket's send buffer is
     // empty.
     if !refusal.is_empty() {
-        let _ = socket.try_write(refusal);
+        socket.write_now(refusal);
     }
     let Ok(permit) = lingering.clone().try_acquire_owned() else {
         return;

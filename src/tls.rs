@@ -114,13 +114,13 @@ impl Tls {
         })
     }
 
-    /// The TLS session with the text-protocol client at `peer`, or `None`
-    /// if the handshake failed, took longer than [`HANDSHAKE_TIMEOUT`], or
-    /// `shutdown` came first.
+    /// The TLS session with the text-protocol client at `peer` (none on a
+    /// Unix domain socket), or `None` if the handshake failed, took longer
+    /// than [`HANDSHAKE_TIMEOUT`], or `shutdown` came first.
     pub async fn accept_text<IO>(
         &self,
         socket: IO,
-        peer: SocketAddr,
+        peer: Option<SocketAddr>,
         shutdown: &CancellationToken,
     ) -> Option<TlsStream<IO>>
     where
@@ -140,7 +140,7 @@ impl Tls {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
-        handshake(&self.http, socket, peer, shutdown).await
+        handshake(&self.http, socket, Some(peer), shutdown).await
     }
 }
 
@@ -152,7 +152,7 @@ impl Tls {
 async fn handshake<IO>(
     acceptor: &TlsAcceptor,
     socket: IO,
-    peer: SocketAddr,
+    peer: Option<SocketAddr>,
     shutdown: &CancellationToken,
 ) -> Option<TlsStream<IO>>
 where
@@ -165,11 +165,11 @@ where
     match shaken {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(e)) => {
-            debug!(%peer, error = %e, "TLS handshake failed");
+            debug!(?peer, error = %e, "TLS handshake failed");
             None
         }
         Err(_) => {
-            debug!(%peer, "TLS handshake timed out");
+            debug!(?peer, "TLS handshake timed out");
             None
         }
     }

@@ -319,3 +319,109 @@ fn an_evicting_redis_is_warned_about_at_start() {
         );
     }
 }
+
+/// A blocking client on a Unix domain socket, one line at a time.
+struct UnixClient(std::io::BufReader<std::os::unix::net::UnixStream>);
+
+impl UnixClient {
+    /// Connects to the server at `path`, waiting for it to start listening.
+    fn connect(path: &std::path::Path) -> UnixClient {
+        let start = Instant::now();
+        loop {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(stream) => {
+                    stream
+                        .set_read_timeout(Some(common::REPLY_TIMEOUT))
+                        .expect("read timeout");
+                    return UnixClient(std::io::BufReader::new(stream));
+                }
+                Err(e) if start.elapsed() > common::REPLY_TIMEOUT => {
+                    panic!("nothing listens on {}: {e}", path.display())
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.0.get_mut().write_all(bytes).expect("write");
+    }
+
+    /// The next line the server sends, without its CRLF.
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.0.read_line(&mut line).expect("a reply in time");
+        line.trim_end_matches("\r\n").to_string()
+    }
+
+    fn ask(&mut self, bytes: &[u8]) -> String {
+        self.send(bytes);
+        self.line()
+    }
+}
+
+/// Starts the binary on a Unix domain socket at `path`, with `args`.
+fn spawn_unix(path: &std::path::Path, args: &[&str]) -> std::process::Child {
+    let listen = format!("unix:{}", path.display());
+    let mut all = vec!["-l", listen.as_str()];
+    all.extend_from_slice(args);
+    spawn_piped(&all)
+}
+
+#[test]
+fn a_unix_socket_serves_clients_and_goes_at_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("delayq.sock");
+    let data = dir.path().join("data");
+    let mut server = spawn_unix(&path, &["-b", data.to_str().unwrap()]);
+    let mut worker = UnixClient::connect(&path);
+    let mut producer = UnixClient::connect(&path);
+    worker.send(b"reserve\r\n");
+    assert_eq!(producer.ask(b"put 0 0 60 5\r\nhello\r\n"), "INSERTED 1");
+    assert_eq!(worker.line(), "RESERVED 1 5");
+    assert_eq!(worker.line(), "hello");
+    // Bad input gets its error and the connection goes on, as on TCP.
+    assert_eq!(worker.ask(b"nonsense\r\n"), "UNKNOWN_COMMAND");
+    assert_eq!(worker.ask(b"delete 1\r\n"), "DELETED");
+    // The admin CLI reaches it by the same address.
+    let out = run_to_exit(&["stats", "--server", &format!("unix:{}", path.display())]);
+    assert!(out.status.success(), "{out:?}");
+    let stats = String::from_utf8_lossy(&out.stdout);
+    assert!(stats.contains("cmd-delete: 1"), "{stats}");
+    // SAFETY: kill only sends a signal to the child.
+    unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
+    let status = common::daemon::wait_exit(&mut server, common::REPLY_TIMEOUT);
+    assert!(status.success(), "{status}");
+    assert!(!path.exists(), "the socket file outlived the server");
+}
+
+#[test]
+fn a_unix_socket_path_in_use_is_refused_and_a_stale_one_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    // A socket file a killed server left behind: nobody accepts on it.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let mut server = spawn_unix(&stale, &["--in-memory"]);
+    let mut c = UnixClient::connect(&stale);
+    assert_eq!(c.ask(b"put 0 0 60 2\r\nhi\r\n"), "INSERTED 1");
+    // A second server on the same path would steal the first one's
+    // clients: it is refused, and the first goes on.
+    let second = finish_piped(spawn_unix(&stale, &["--in-memory"]));
+    assert!(!second.status.success(), "{:?}", second.status);
+    let why = String::from_utf8_lossy(&second.stderr);
+    assert!(why.contains("another server is listening"), "{why}");
+    assert_eq!(c.ask(b"peek-ready\r\n"), "FOUND 1 2");
+    assert_eq!(c.line(), "hi");
+    let _ = server.kill();
+    let _ = server.wait();
+    // A file that is not a socket is never removed.
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, b"keep me").unwrap();
+    let refused = finish_piped(spawn_unix(&plain, &["--in-memory"]));
+    assert!(!refused.status.success(), "{:?}", refused.status);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not a socket"));
+    assert_eq!(std::fs::read(&plain).unwrap(), b"keep me");
+}

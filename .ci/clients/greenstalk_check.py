@@ -252,9 +252,18 @@ def run(addr):
     worker.close()
 
 
+def connect(addr):
+    """A plain socket to the server: a Unix socket's path, or (host, port)."""
+    if isinstance(addr, str):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(addr)
+        return s
+    return socket.create_connection(addr)
+
+
 def raw(addr, line):
     """One command no stock client sends; its first reply line."""
-    with socket.create_connection(addr) as s:
+    with connect(addr) as s:
         s.sendall(line)
         return s.makefile("rb").readline().decode().strip()
 
@@ -298,10 +307,11 @@ def main():
     args = sys.argv[1:]
     with_extensions = "--extensions" in args
     args = [a for a in args if a != "--extensions"]
-    if len(args) != 1 or not args[0].isdigit():
-        print(f"usage: {sys.argv[0]} PORT [--extensions]", file=sys.stderr)
+    if len(args) != 1 or not (args[0].isdigit() or args[0].startswith("unix:")):
+        print(f"usage: {sys.argv[0]} PORT|unix:PATH [--extensions]", file=sys.stderr)
         sys.exit(2)
-    addr = ("127.0.0.1", int(args[0]))
+    # greenstalk takes a Unix socket's path as its address.
+    addr = args[0][5:] if args[0].startswith("unix:") else ("127.0.0.1", int(args[0]))
     socket.setdefaulttimeout(10)
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(30)
@@ -312,7 +322,7 @@ def main():
             extensions(addr)
     except ConnectionRefusedError:
         FAILED += 1
-        print(f"FAIL cannot connect to {addr[0]}:{addr[1]}", flush=True)
+        print(f"FAIL cannot connect to {addr}", flush=True)
     except Exception as e:  # noqa: BLE001 - any surprise is a failure
         FAILED += 1
         print(f"FAIL unexpected {type(e).__name__}: {e!r}", flush=True)

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::MAX_JOB_SIZE_CEILING;
 
@@ -80,7 +80,8 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to `addr` (`HOST:PORT`; a name is resolved); over TLS if
+    /// Connects to `addr` (`HOST:PORT`, a name resolved; or `unix:PATH`,
+    /// a Unix domain socket); over TLS if
     /// `ca` names the PEM file of the certificate (or its issuer's) that
     /// the server must show for the host name of `addr`.
     pub async fn connect(addr: &str, ca: Option<&Path>) -> Result<Client, Fault> {
@@ -88,6 +89,20 @@ impl Client {
             addr: addr.to_string(),
             why,
         };
+        if let Some(path) = addr.strip_prefix("unix:") {
+            if ca.is_some() {
+                return Err(fault(
+                    "TLS is for TCP; a Unix socket's file is its guard".into(),
+                ));
+            }
+            let stream = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path))
+                .await
+                .map_err(|_| fault(format!("no answer within {CONNECT_TIMEOUT:?}")))?
+                .map_err(|e| fault(e.to_string()))?;
+            return Ok(Client {
+                stream: BufReader::new(Box::new(stream)),
+            });
+        }
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
             .await
             .map_err(|_| fault(format!("no answer within {CONNECT_TIMEOUT:?}")))?

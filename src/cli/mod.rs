@@ -198,7 +198,8 @@ pub enum Command {
 /// Where the server is, and how to sign in: flags every subcommand takes.
 #[derive(Args, Debug, Clone)]
 pub struct Remote {
-    /// The server to talk to (a name is resolved).
+    /// The server to talk to (a name is resolved), or `unix:PATH` for one
+    /// listening on a Unix domain socket.
     #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_SERVER, value_parser = server_addr)]
     pub server: String,
     /// The token to authenticate with, when the server has tokens on.
@@ -356,9 +357,16 @@ fn job_id(raw: &str) -> Result<String, String> {
         })
 }
 
-/// clap's check of `--server`: `HOST:PORT`, so a forgotten port is a usage
-/// error rather than a failure to connect.
+/// clap's check of `--server`: `HOST:PORT` (or `unix:PATH`), so a forgotten
+/// port is a usage error rather than a failure to connect.
 fn server_addr(raw: &str) -> Result<String, String> {
+    if let Some(path) = raw.strip_prefix("unix:") {
+        return if path.is_empty() {
+            Err("expected unix:PATH, the server's socket file".into())
+        } else {
+            Ok(raw.to_string())
+        };
+    }
     match raw.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
             Ok(raw.to_string())
@@ -392,6 +400,8 @@ mod tests {
         assert!(server_addr("localhost").is_err());
         assert!(server_addr(":11300").is_err());
         assert!(server_addr("host:70000").is_err());
+        assert!(server_addr("unix:/run/delayq.sock").is_ok());
+        assert!(server_addr("unix:").is_err());
         assert_eq!(seconds("0.5"), Ok(Duration::from_millis(500)));
         assert!(seconds("-1").is_err());
         assert!(seconds("soon").is_err());

@@ -41,12 +41,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Transport for T {}
 
 type Wire<T> = Framed<T, Codec>;
 
-/// Serves one accepted connection from `peer` to its end, and gives the
-/// stream back, everything answered already sent: a TLS session is then
-/// ended with a close_notify (a plain socket is just dropped).
+/// Serves one accepted connection from `peer` (none on a Unix domain
+/// socket) to its end, and gives the stream back, everything answered
+/// already sent: a TLS session is then ended with a close_notify (a plain
+/// socket is just dropped).
 pub async fn serve<S: Store, T: Transport>(
     socket: T,
-    peer: SocketAddr,
+    peer: Option<SocketAddr>,
     conn: ConnId,
     shared: Arc<Shared<S>>,
     shutdown: CancellationToken,
@@ -58,14 +59,13 @@ pub async fn serve<S: Store, T: Transport>(
 /// waited for together (`store::held`).
 async fn serve_held<S: Store, T: Transport>(
     socket: T,
-    peer: SocketAddr,
+    peer: Option<SocketAddr>,
     conn: ConnId,
     shared: Arc<Shared<S>>,
     shutdown: CancellationToken,
 ) -> T {
     // Taken from the accept rather than the socket: a TLS stream does not
     // say, and the accept's address is the same one.
-    let peer = Some(peer);
     debug!(conn, ?peer, "connection opened");
     let limits = Limits {
         max_job_size: shared.config.max_job_size,
