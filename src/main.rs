@@ -18,7 +18,6 @@ use delayq::clock::Clock;
 use delayq::config::{Config, Engine, Flags, Settings};
 use delayq::server::{Control, Listener, MAX_LINGERING, raise_fd_limit, run_with_http};
 use delayq::store::Store;
-use delayq::store::log::SyncPolicy;
 use delayq::store::memory::MemoryStore;
 use delayq::store::redis::RedisStore;
 
@@ -31,7 +30,7 @@ const DEFAULT_LOG: &str = "info,redis=error";
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
     if let Some(command) = flags.command.take() {
-        return match runtime(1) {
+        return match runtime() {
             Ok(runtime) => runtime.block_on(delayq::cli::run(command)),
             Err(e) => no_runtime(&e),
         };
@@ -50,37 +49,27 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Measured on the cycle benchmark (2 cores, `README.md`, "The durable
-    // engine against beanstalkd's binlog"): with every reply waiting for a
-    // sync, a second worker answers the connections one sync released
-    // while the first is still at it, about 15 % more cycles a second than
-    // one thread. The engines that never wait on the disk (memory-only,
-    // `-f`, `-F`, Redis) lost a fifth or more to the hand-offs between
-    // threads, so they keep one.
-    let workers = match &settings.engine {
-        Engine::Durable(options) if options.policy == SyncPolicy::Always => {
-            std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
-        }
-        _ => 1,
-    };
-    match runtime(workers) {
+    // One thread for every engine. A second one for the durable default,
+    // whose replies wait for syncs, was ahead on the machines of November
+    // (about 15 % more cycles a second), but on 2026-12-06, in nine
+    // alternated pairs of 6 s `cycle` runs, one thread did 25,195 to
+    // 34,775 cycles/s against 20,905 to 29,859 on two (more in every
+    // pair), with a lower cycle p99 in every pair (2.77 to 3.74 ms against
+    // 3.33 to 4.57) and less CPU a cycle. On one thread, too, events are
+    // handled in the order they come, as beanstalkd handles them: a `stats`
+    // sent right after another connection hung up counted that connection
+    // as still open in 24 of 300 tries on two threads, none on one.
+    match runtime() {
         Ok(runtime) => runtime.block_on(serve_settings(settings)),
         Err(e) => no_runtime(&e),
     }
 }
 
-/// A runtime with `workers` threads; one means the caller's own thread.
-fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    if workers > 1 {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    }
+/// The runtime: the caller's own thread.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 fn no_runtime(e: &std::io::Error) -> ExitCode {

@@ -83,6 +83,10 @@ async fn serve_held<S: Store, T: Transport>(
     let talked = AssertUnwindSafe(converse(&mut wire, &mut session, &shutdown))
         .catch_unwind()
         .await;
+    // Counted as closing from here until counted out, so that a command
+    // that looks at the server waits for it (`ServerStats::after_hangups`).
+    let shared = session.shared.clone();
+    shared.stats.begin_close();
     match talked {
         // Whatever was answered before a quit or hang-up still goes out.
         Ok(()) => {
@@ -99,6 +103,7 @@ async fn serve_held<S: Store, T: Transport>(
     // A worker that left holding jobs failed them; a server that stops
     // lets go of them for its own reasons.
     Box::pin(session.close(!shutdown.is_cancelled())).await;
+    shared.stats.end_close();
     debug!(conn, ?peer, "connection closed");
     wire.into_inner()
 }
