@@ -78,9 +78,10 @@ fn no_runtime(e: &std::io::Error) -> ExitCode {
 }
 
 async fn serve_settings(settings: Settings) -> ExitCode {
-    let (listener, at) = if let Some(path) = settings.listen.strip_prefix("unix:") {
+    // A socket file is removed however this function returns.
+    let (listener, at, _socket_file) = if let Some(path) = settings.listen.strip_prefix("unix:") {
         match listen_unix(Path::new(path)) {
-            Ok(bound) => bound,
+            Ok((listener, at)) => (listener, at, SocketFile::of(Path::new(path))),
             Err(why) => {
                 error!("{why}");
                 return ExitCode::FAILURE;
@@ -95,18 +96,13 @@ async fn serve_settings(settings: Settings) -> ExitCode {
                 let at = listener
                     .local_addr()
                     .map_or_else(|_| addr.to_string(), |a| a.to_string());
-                (Listener::Tcp(listener), at)
+                (Listener::Tcp(listener), at, None)
             }
             Err(e) => {
                 error!(%addr, error = %e, "cannot listen");
                 return ExitCode::FAILURE;
             }
         }
-    };
-    // Removed however this function returns.
-    let _socket_file = match &listener {
-        Listener::Unix(_) => SocketFile::of(&at),
-        Listener::Tcp(_) => None,
     };
     let http = match &settings.http {
         None => None,
@@ -245,14 +241,13 @@ struct SocketFile {
 }
 
 impl SocketFile {
-    /// The socket file of `at` (`unix:PATH`) as it is now.
-    fn of(at: &str) -> Option<SocketFile> {
-        let path = std::path::PathBuf::from(at.strip_prefix("unix:")?);
-        let meta = std::fs::symlink_metadata(&path).ok()?;
+    /// The socket file at `path` as it is now.
+    fn of(path: &Path) -> Option<SocketFile> {
+        let meta = std::fs::symlink_metadata(path).ok()?;
         Some(SocketFile {
             dev: meta.dev(),
             ino: meta.ino(),
-            path,
+            path: path.to_path_buf(),
         })
     }
 }
