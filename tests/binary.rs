@@ -430,9 +430,10 @@ fn a_unix_socket_path_in_use_is_refused_and_a_stale_one_replaced() {
 /// connection hung up sees it gone and its jobs back, with no waiting: a
 /// stock suite (pheanstalk's `testDisconnect`) counts on it. delayq keeps
 /// that order by serving every engine on one thread (a hang-up is handled
-/// before a command that became readable after it) and by having the
-/// commands that look at others' jobs wait for closes under way (on Redis
-/// a close is store calls). Against the binary, whose runtime is what
+/// before a command that became readable after it) and, on Redis, where a
+/// close is store calls, by having the commands that read counts kept in
+/// the process (`stats`) wait for closes under way; a command that is a
+/// store call itself follows the close's calls. Against the binary, whose runtime is what
 /// users run (the in-process test servers have two threads).
 ///
 /// Counted over rounds rather than asserted in each: before, on Redis 298
@@ -488,6 +489,18 @@ async fn a_hang_up_is_seen_by_the_commands_sent_after_it(daemon: Daemon) {
         };
         assert_eq!(next.job_after("RESERVED", &line).await.id, id);
         drop(next);
+        // `reserve-job` names the job another connection held.
+        let mut taker = daemon.client().await;
+        let line = taker.cmd(&format!("reserve-job {id}")).await;
+        let line = if line == "NOT_FOUND" {
+            late.push(format!("round {round}: reserve-job found nothing"));
+            watcher.wait_stat("current-jobs-reserved", 0).await;
+            taker.cmd(&format!("reserve-job {id}")).await
+        } else {
+            line
+        };
+        assert_eq!(taker.job_after("RESERVED", &line).await.id, id);
+        drop(taker);
         let mut deleted = watcher.reply(&format!("delete {id}")).await;
         if deleted == "NOT_FOUND" {
             late.push(format!("round {round}: delete found nothing"));
@@ -495,6 +508,26 @@ async fn a_hang_up_is_seen_by_the_commands_sent_after_it(daemon: Daemon) {
             deleted = watcher.reply(&format!("delete {id}")).await;
         }
         assert_eq!(deleted, "DELETED", "round {round}");
+        // A job with one try that its worker takes with it is buried by
+        // the hang-up, and `kick-job` finds it so.
+        watcher.send(b"put 0 0 60 4 tries=1\r\nlast\r\n").await;
+        let id = watcher
+            .line()
+            .await
+            .strip_prefix("INSERTED ")
+            .expect("INSERTED")
+            .to_string();
+        let mut worker = daemon.client().await;
+        assert_eq!(worker.reserved("reserve-with-timeout 0").await.id, id);
+        drop(worker);
+        let mut kicked = watcher.cmd(&format!("kick-job {id}")).await;
+        if kicked == "NOT_FOUND" {
+            late.push(format!("round {round}: kick-job found nothing"));
+            watcher.wait_stat("current-jobs-buried", 1).await;
+            kicked = watcher.cmd(&format!("kick-job {id}")).await;
+        }
+        assert_eq!(kicked, "KICKED", "round {round}");
+        assert_eq!(watcher.cmd(&format!("delete {id}")).await, "DELETED");
     }
     assert!(
         late.len() <= ROUNDS / 5,

@@ -150,6 +150,25 @@ pub enum Command {
     ImportSchedule(Box<Schedule>),
 }
 
+impl Command {
+    /// Whether it reads what other connections' hang-ups change (their
+    /// counts, the jobs they held), so that it waits for those first (see
+    /// `ServerStats::after_hangups`).
+    pub fn looks_at_others(&self) -> bool {
+        matches!(
+            self,
+            Command::Stats
+                | Command::StatsTube(_)
+                | Command::StatsJob(_)
+                | Command::ListTubes
+                | Command::Peek(_)
+                | Command::PeekReady
+                | Command::PeekDelayed
+                | Command::PeekBuried
+        )
+    }
+}
+
 /// A schedule as a client registers it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewSchedule {

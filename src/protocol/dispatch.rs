@@ -86,6 +86,9 @@ impl<S: Store> Session<S> {
         let shared = self.shared.clone();
         let broker = &shared.broker;
         let found = |yes: bool, reply: Reply| if yes { reply } else { Reply::NotFound };
+        if cmd.looks_at_others() {
+            shared.stats.after_hangups().await;
+        }
         let reply = match cmd {
             put @ Command::Put { .. } => match self.new_job(put) {
                 Ok(job) => put_reply(broker.put(job).await?),
@@ -122,12 +125,7 @@ impl<S: Store> Session<S> {
             }
             Command::ReserveJob(id) => {
                 let asked = Instant::now();
-                let closed = shared.stats.closed();
-                let mut got = broker.reserve_job(conn, &id).await?;
-                if got.is_none() && shared.stats.hangups_closed(closed).await {
-                    got = broker.reserve_job(conn, &id).await?;
-                }
-                match got {
+                match broker.reserve_job(conn, &id).await? {
                     Some(got) => self.took(got, asked),
                     None => Reply::NotFound,
                 }
@@ -140,13 +138,7 @@ impl<S: Store> Session<S> {
             // comes back at its TTR, without the warning.
             Command::Delete(id) => {
                 self.deadlines.remove(&id);
-                // Not found may be a job that a connection which hung up
-                // still held: looked for again once it has closed.
-                let closed = shared.stats.closed();
-                let mut yes = broker.delete(conn, &id).await?;
-                if !yes && shared.stats.hangups_closed(closed).await {
-                    yes = broker.delete(conn, &id).await?;
-                }
+                let yes = broker.delete(conn, &id).await?;
                 found(yes, Reply::Deleted(id))
             }
             Command::Finish(id) => {
@@ -200,58 +192,27 @@ impl<S: Store> Session<S> {
                 }
                 false => Reply::Watching(self.watched.len()),
             },
-            // The commands that look at what other connections changed
-            // see their hang-ups first.
-            Command::Peek(id) => {
-                shared.stats.after_hangups().await;
-                found_job(broker.peek(&id).await?)
-            }
-            Command::PeekReady => {
-                shared.stats.after_hangups().await;
-                found_job(broker.peek_ready(&self.used).await?)
-            }
-            Command::PeekDelayed => {
-                shared.stats.after_hangups().await;
-                found_job(broker.peek_delayed(&self.used).await?)
-            }
-            Command::PeekBuried => {
-                shared.stats.after_hangups().await;
-                found_job(broker.peek_buried(&self.used).await?)
-            }
+            Command::Peek(id) => found_job(broker.peek(&id).await?),
+            Command::PeekReady => found_job(broker.peek_ready(&self.used).await?),
+            Command::PeekDelayed => found_job(broker.peek_delayed(&self.used).await?),
+            Command::PeekBuried => found_job(broker.peek_buried(&self.used).await?),
             Command::Kick(bound) => Reply::Kicked(broker.kick(&self.used, bound).await?),
-            Command::KickJob(id) => {
-                // A job buried by a hang-up (out of tries) is kickable once
-                // that connection has closed.
-                let closed = shared.stats.closed();
-                let mut yes = broker.kick_job(&id).await?;
-                if !yes && shared.stats.hangups_closed(closed).await {
-                    yes = broker.kick_job(&id).await?;
-                }
-                found(yes, Reply::KickedJob)
-            }
-            Command::StatsJob(id) => {
-                shared.stats.after_hangups().await;
-                match broker.stats_job(&id).await? {
-                    Some(s) => Reply::Yaml(render_job(&s)),
-                    None => Reply::NotFound,
-                }
-            }
-            Command::StatsTube(tube) => {
-                shared.stats.after_hangups().await;
-                match broker.stats_tube(&tube).await? {
-                    Some((s, waiting)) => Reply::Yaml(render_tube(&s, waiting)),
-                    None => Reply::NotFound,
-                }
-            }
+            Command::KickJob(id) => found(broker.kick_job(&id).await?, Reply::KickedJob),
+            Command::StatsJob(id) => match broker.stats_job(&id).await? {
+                Some(s) => Reply::Yaml(render_job(&s)),
+                None => Reply::NotFound,
+            },
+            Command::StatsTube(tube) => match broker.stats_tube(&tube).await? {
+                Some((s, waiting)) => Reply::Yaml(render_tube(&s, waiting)),
+                None => Reply::NotFound,
+            },
             Command::Stats => {
-                shared.stats.after_hangups().await;
                 let conns = shared.stats.connections_now();
                 let (totals, waiting) = broker.stats().await?;
                 let max_job_size = shared.config.max_job_size;
                 Reply::Yaml(shared.stats.render(conns, &totals, waiting, max_job_size))
             }
             Command::ListTubes => {
-                shared.stats.after_hangups().await;
                 let mut tubes = broker.list_tubes().await?;
                 tubes.retain(|t| self.may_reserve_from(t));
                 Reply::Yaml(render_tubes(&tubes))
@@ -369,9 +330,6 @@ impl<S: Store> Session<S> {
         // look would find nothing. One that would not wait always looks: on
         // an engine shared with other processes, what they made ready is
         // known here only once their news arrives.
-        // Taken before looking: a connection that hangs up holding a job
-        // gives it back when it closes (see `ServerStats::hangups_closed`).
-        let closed = self.shared.stats.closed();
         let (looked, known_empty) = self.broker().look(&tubes);
         let found = if known_empty && timeout != Some(0) {
             None
@@ -386,7 +344,6 @@ impl<S: Store> Session<S> {
         {
             Reply::DeadlineSoon
         } else if timeout == Some(0) {
-            let hung_up = self.shared.stats.hangups_closed(closed).await;
             // With the timer behind, a job may have fallen due that it has
             // not moved yet: moved now and looked for once more, as
             // beanstalkd moves due jobs before it answers a command.
@@ -398,7 +355,7 @@ impl<S: Store> Session<S> {
             // What another process made ready is known here once its news
             // arrives, which a client that saw its put answered need not
             // wait for.
-            if moved | broker.catch_up().await | hung_up {
+            if moved | broker.catch_up().await {
                 self.reserve_now(&tubes, batch)
                     .await?
                     .unwrap_or(Reply::TimedOut)

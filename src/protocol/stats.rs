@@ -248,21 +248,6 @@ impl ServerStats {
         let _ = tokio::time::timeout(HANGUP_WAIT, closed).await;
     }
 
-    /// How many connections have closed since start (it also moves when
-    /// one is accepted: a change says only that something happened).
-    pub fn closed(&self) -> u64 {
-        get(&self.total_connections).saturating_sub(get(&self.connections))
-    }
-
-    /// For a command that found no job where a connection that hung up may
-    /// have held it: waits for the hang-ups as [`ServerStats::after_hangups`]
-    /// does, and says whether any connection closed since `closed` (the
-    /// count taken before the look), so the command looks once more.
-    pub async fn hangups_closed(&self, closed: u64) -> bool {
-        self.after_hangups().await;
-        self.closed() != closed
-    }
-
     /// Counts one command.
     pub fn count(&self, cmd: Cmd) {
         self.cmds[cmd as usize].fetch_add(1, Ordering::Relaxed);
