@@ -363,6 +363,21 @@ impl Client {
             .expect("shutdown(SHUT_WR)");
     }
 
+    /// Hangs up at once, as a client that closes its socket does. Dropping
+    /// the client alone does not always: a test that starts a child process
+    /// meanwhile (tests run in parallel threads of one process) lends it a
+    /// copy of every descriptor until its `exec`, and the socket's FIN
+    /// waits for the last copy to go, so the server heard a later command
+    /// of this test first (in a run of the suite at eight threads, a few
+    /// rounds in fifty of the hang-up test). A shutdown sends the FIN
+    /// whoever else holds the socket.
+    pub fn hang_up(self) {
+        let stream = self.stream.into_inner().into_std().expect("into_std");
+        // A server that already closed its end makes this fail: nothing to
+        // hang up then.
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+
     /// Writes a command line, adding CRLF.
     pub async fn send_line(&mut self, line: &str) {
         self.send(format!("{line}\r\n").as_bytes()).await;
