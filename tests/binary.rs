@@ -443,8 +443,10 @@ fn a_unix_socket_path_in_use_is_refused_and_a_stale_one_replaced() {
 /// hang up with a shutdown (`Client::hang_up`): dropped, a few rounds in
 /// fifty were late on every engine when the suite ran at eight threads,
 /// because a child process another test was starting held the socket
-/// and its FIN left only after the next command; with the shutdown, none
-/// in 2,550 rounds (17 runs of the suite at eight threads).
+/// and its FIN left only after the next command (with only the three
+/// hang-up tests running, one late round in eight runs, in round 0, while
+/// the Redis one was starting its servers); with the shutdown, none in
+/// 2,550 rounds (17 runs of the suite at eight threads).
 async fn a_hang_up_is_seen_by_the_commands_sent_after_it(daemon: Daemon) {
     // The kernel keeps a hang-up and a later command in order only when
     // both leave from one CPU (on loopback each CPU queues what it sends):
