@@ -227,7 +227,7 @@ impl ServerStats {
     /// up expects, as on beanstalkd, which handles one event at a time.
     ///
     /// Without it, a hang-up followed by `stats` on another connection
-    /// still counted the connection gone in 298 of 300 tries on Redis
+    /// still counted the gone connection as open in 298 of 300 tries on Redis
     /// (the close waits for Redis; the `stats` did not), and pheanstalk's
     /// own `testDisconnect` failed. The yield first puts this command behind
     /// the tasks woken with it, a hang-up among them, so that a close has
