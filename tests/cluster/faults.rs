@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use delayq::store::redis::{SHARDS, shard_tag};
 
 use crate::common::Client;
-use crate::common::cluster::{RedisCluster, Reply, Shared, blocking, query, start_shared};
+use crate::common::cluster::{
+    RedisCluster, Reply, Shared, blocking, query, query_within, start_shared,
+};
 use crate::common::daemon::Daemon;
 use crate::common::sentinel::RedisSentinel;
 
@@ -511,4 +513,68 @@ async fn a_frozen_sentinel_primarys_failover_reaches_every_process() {
         "sentinel primary frozen: promoted after {promoted:.1?}; a job put through one \
          process reached a worker blocked on another in {delivered:.1?}"
     );
+}
+
+/// A pause on a cluster ends no sooner than Redis says, even when the
+/// control slot's primary is slow to answer. Each process keeps the pauses
+/// in mind (the shards do not know them) and learns what is left of each
+/// from the control slot on every tick. It used to count that from when it
+/// asked, so an answer held up in Redis ended the pause early by the hold:
+/// CI saw a job handed out while `stats-tube` still said `pause: 1`. Here
+/// the primary sleeps (`DEBUG SLEEP`) through most of the pause, so the
+/// tick sent during it (one comes at least every second) is answered late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_ends_no_sooner_when_redis_answers_late() {
+    const PAUSE: Duration = Duration::from_secs(2);
+    let cluster = start_shared(|| {
+        // A longer node timeout: the sleeping primary must not be failed.
+        RedisCluster::start_with(
+            3,
+            0,
+            &[
+                "--enable-debug-command",
+                "yes",
+                "--cluster-node-timeout",
+                "5000",
+            ],
+        )
+    })
+    .await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let daemon = Daemon::start(&["--redis-cluster", &seeds]).await;
+    let mut admin = daemon.client().await;
+    let mut worker = daemon.client().await;
+    let id = admin.put_ok(0, 0, 60, b"held").await;
+
+    // Redis starts the pause when it runs the call, after this instant.
+    let paused_at = Instant::now();
+    assert_eq!(
+        admin
+            .cmd(&format!("pause-tube default {}", PAUSE.as_secs()))
+            .await,
+        "PAUSED"
+    );
+    let reserve = tokio::spawn(async move {
+        let job = worker.reserved("reserve-with-timeout 10").await;
+        (job, paused_at.elapsed(), worker)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let slept = blocking(&cluster, |c| {
+        let control = c.slot_owner(slot(PREFIX));
+        let port = c.ports()[control];
+        query_within(port, &["DEBUG", "SLEEP", "1.5"], Duration::from_secs(5))
+    })
+    .await;
+    assert!(
+        matches!(slept, Ok(Reply::Status(ref s)) if s == "OK"),
+        "DEBUG SLEEP: {slept:?}"
+    );
+    let (job, after, _worker) = reserve.await.expect("the reserving task");
+    assert_eq!(job.id, id.to_string());
+    assert!(
+        after >= PAUSE,
+        "the job was handed out {after:?} after a pause of {PAUSE:?} began"
+    );
+    let s = admin.stats_tube("default").await;
+    assert_eq!((s.num("pause"), s.num("pause-time-left")), (0, 0), "{s:?}");
 }

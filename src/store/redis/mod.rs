@@ -713,13 +713,19 @@ impl RedisStore {
             self.keep_refs(lost);
             s.set_live(&self.process, parse(live?)?);
             let pauses: Vec<Value> = parse(pauses?)?;
+            // Counted from the reply, not from `now`: Redis read its clock
+            // somewhere in the round trip, and a pause counted from before
+            // it would end early here, its jobs handed out while
+            // `stats-tube` still says the tube is paused. (The time left is
+            // from Redis's millisecond rounded down, so it is never short.)
+            let replied = Instant::now();
             let mut known = Vec::new();
             for pair in pauses.chunks(2) {
                 if let [t, left] = pair {
                     let left: u64 = parse(left.clone())?;
                     known.push((
                         tube(&parse::<String>(t.clone())?)?,
-                        now + Duration::from_millis(left),
+                        replied + Duration::from_millis(left),
                     ));
                 }
             }
@@ -1204,7 +1210,13 @@ impl Store for RedisStore {
             Arg::Static("1"),
         ];
         let n: i64 = self.write("pause_tube", args).await?;
-        s.pause(t, (!delay.is_zero()).then(|| Instant::now() + delay));
+        // Redis counts the pause from its clock rounded up to the
+        // millisecond, up to one after the instant it read; that
+        // millisecond keeps the end here from coming before Redis's.
+        s.pause(
+            t,
+            (!delay.is_zero()).then(|| Instant::now() + delay + Duration::from_millis(1)),
+        );
         Ok(n == 1)
     }
 
