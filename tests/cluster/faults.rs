@@ -578,3 +578,63 @@ async fn a_pause_ends_no_sooner_when_redis_answers_late() {
     let s = admin.stats_tube("default").await;
     assert_eq!((s.num("pause"), s.num("pause-time-left")), (0, 0), "{s:?}");
 }
+
+/// A pause made through one delayq process holds every other's reserves
+/// from its `PAUSED` on, and its end (or a resume) reaches their blocked
+/// workers at once, as on one server. Each process keeps the pauses in
+/// mind but learns of another's only at its next tick (up to a second),
+/// so the shards hold each pause too, and a shard announces its tube when
+/// the pause ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_through_one_process_holds_every_other_at_once() {
+    let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
+    let seeds = blocking(&cluster, |c| c.seeds()).await;
+    let a = Daemon::start(&["--redis-cluster", &seeds]).await;
+    let b = Daemon::start(&["--redis-cluster", &seeds]).await;
+    let mut admin = a.client().await;
+    let mut producer = b.client().await;
+    let mut worker = b.client().await;
+    // Both processes have ticked (and so looked for pauses) just now.
+    let first = producer.put_ok(0, 0, 60, b"first").await;
+    assert_eq!(
+        worker.reserved("reserve-with-timeout 5").await.id,
+        first.to_string()
+    );
+    assert_eq!(worker.cmd(&format!("delete {first}")).await, "DELETED");
+
+    let paused_at = Instant::now();
+    assert_eq!(admin.cmd("pause-tube default 2").await, "PAUSED");
+    let held = producer.put_ok(0, 0, 60, b"held").await;
+    assert_eq!(worker.found("peek-ready").await.id, held.to_string());
+    assert_eq!(worker.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
+    let job = worker.reserved("reserve-with-timeout 10").await;
+    let after = paused_at.elapsed();
+    assert_eq!(job.id, held.to_string());
+    assert!(
+        (Duration::from_secs(2)..Duration::from_millis(2500)).contains(&after),
+        "a pause of 2 s through the other process: the job came after {after:?}"
+    );
+    assert_eq!(worker.cmd(&format!("delete {held}")).await, "DELETED");
+
+    // A resume through one process wakes a worker blocked on the other.
+    assert_eq!(admin.cmd("pause-tube default 100").await, "PAUSED");
+    let waiting = tokio::spawn(async move {
+        let job = worker.reserved("reserve-with-timeout 20").await;
+        (job, Instant::now())
+    });
+    let resumed = producer.put_ok(0, 0, 60, b"resumed").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the job was handed out during the pause"
+    );
+    let resumed_at = Instant::now();
+    assert_eq!(admin.cmd("pause-tube default 0").await, "PAUSED");
+    let (job, got_at) = waiting.await.expect("the worker's task");
+    assert_eq!(job.id, resumed.to_string());
+    let wait = got_at.duration_since(resumed_at);
+    assert!(
+        wait < Duration::from_millis(250),
+        "the worker on the other process got the job {wait:?} after the resume"
+    );
+}

@@ -2,11 +2,13 @@
 -- Args: tube, delay ms, '1' if the caller knows the tube exists elsewhere
 -- (on a cluster, pauses are kept in the control slot, and a tube may
 -- exist only by its jobs in the shards)
--- Returns 1, or 0 if the tube does not exist.
+-- Returns when the pause ends, in ms of Redis's clock (0 if resumed), for
+-- a cluster's shards to hold it too (`hold_tube`); false if the tube does
+-- not exist.
 OPS.pause_tube = function(tube, delay, exists)
   delay = tonumber(delay)
   if exists == '1' then ensure_tube(tube) end
-  if not redis.call('ZSCORE', P .. 'tubes', tube) then return 0 end
+  if not redis.call('ZSCORE', P .. 'tubes', tube) then return false end
   local t = tube_key('tube', tube)
   count(t, 'cmd-pause-tube', 1)
   if delay > 0 then
@@ -14,11 +16,11 @@ OPS.pause_tube = function(tube, delay, exists)
     redis.call('HSET', t, 'pause', delay, 'until', until_ms)
     redis.call('ZADD', P .. 'pauses', until_ms, tube)
     pause_until[tube] = until_ms
-  else
-    redis.call('HDEL', t, 'pause', 'until')
-    redis.call('ZREM', P .. 'pauses', tube)
-    pause_until[tube] = 0
-    announce(tube)
+    return until_ms
   end
-  return 1
+  redis.call('HDEL', t, 'pause', 'until')
+  redis.call('ZREM', P .. 'pauses', tube)
+  pause_until[tube] = 0
+  announce(tube)
+  return 0
 end

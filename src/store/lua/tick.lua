@@ -198,6 +198,9 @@ OPS.tick = function(batch, process)
     redis.call('ZREM', P .. 'pauses', tube)
     redis.call('HDEL', tube_key('tube', tube), 'pause', 'until')
     pause_until[tube] = 0
+    -- On a shard of a cluster, its first ready job goes out with the news
+    -- (see `heads`), so the workers of every process are served.
+    touched[tube] = true
     announce(tube)
   end
 

@@ -50,6 +50,7 @@ impl Kind {
                 kick,
                 kick_job,
                 pause_tube,
+                hold_tube,
                 release_all,
                 tick,
                 tube_ref,

@@ -1195,8 +1195,8 @@ impl Store for RedisStore {
                 Arg::Int(millis(delay)),
                 Arg::Static(""),
             ];
-            let n: i64 = self.write("pause_tube", args).await?;
-            return Ok(n == 1);
+            let until: Option<u64> = self.write("pause_tube", args).await?;
+            return Ok(until.is_some());
         };
         // Pauses are kept in the control slot; a tube may exist there only
         // by its jobs in the shards.
@@ -1209,7 +1209,9 @@ impl Store for RedisStore {
             Arg::Int(millis(delay)),
             Arg::Static("1"),
         ];
-        let n: i64 = self.write("pause_tube", args).await?;
+        let Some(until) = self.write::<Option<u64>>("pause_tube", args).await? else {
+            return Ok(false);
+        };
         // Redis counts the pause from its clock rounded up to the
         // millisecond, up to one after the instant it read; that
         // millisecond keeps the end here from coming before Redis's.
@@ -1217,7 +1219,20 @@ impl Store for RedisStore {
             t,
             (!delay.is_zero()).then(|| Instant::now() + delay + Duration::from_millis(1)),
         );
-        Ok(n == 1)
+        // Every shard holds the pause too before it is answered: the other
+        // processes reserve from the shards, and learn of this pause only
+        // at their next tick. A shard that cannot be told fails the
+        // command; the pause is then kept where it was told (a retry
+        // tells the rest).
+        let held = join_all((0..self.queues.len() - 1).map(|shard| {
+            let args = vec![Arg::Tube(t.clone()), Arg::Int(until)];
+            self.op_on(shard, Kind::Moves, "hold_tube", args)
+        }))
+        .await;
+        for got in held {
+            got?;
+        }
+        Ok(true)
     }
 
     async fn set_tube(&self, t: &Tube, options: Lifecycle) -> StoreResult<()> {
