@@ -3,12 +3,14 @@
 //! tubes that got ready jobs and due times earlier than any known, so that a
 //! job made ready by one process reaches a worker blocked on another.
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, try_join_all};
 use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -219,6 +221,7 @@ pub(super) async fn listen_shards(
             if !roles.iter().all(is_primary) {
                 return Err(lost("a shard's channel was subscribed on a replica"));
             }
+            probe(&conn, &channels, &mut pushed, &sharding, &tx).await?;
             // Learnt now and again later, so that the next session can
             // begin from nodes that are up even if every seed is down.
             let _ = nodes.ask(&mut conn).await;
@@ -306,6 +309,77 @@ pub(super) async fn listen_shards(
             () = stop.cancelled() => return,
         }
     }
+}
+
+/// The longest wait for a probe's message to come back.
+const PROBE_LIMIT: Duration = Duration::from_secs(2);
+
+/// Publishes a message of its own on every shard's channel, where the
+/// shard's news is published, and waits until each has come back on the
+/// subscriptions: only then is every channel heard. A subscription and a
+/// `ROLE` can each be sent where a slot map of the moment says, and around
+/// a failover those maps change between one and the other: in CI, after a
+/// primary was killed, workers on another process were never told of the
+/// jobs put on its shards, though every `ROLE` had answered a primary.
+/// News that comes meanwhile is taken in as usual; other processes ignore
+/// the probes (a tube's name has no colon).
+async fn probe(
+    conn: &ClusterConnection,
+    channels: &[String],
+    pushed: &mut mpsc::UnboundedReceiver<PushInfo>,
+    sharding: &Sharding,
+    tx: &mpsc::Sender<StoreEvent>,
+) -> Result<(), RedisError> {
+    let token = format!(
+        "probe:{:016x}",
+        RandomState::new().hash_one((std::process::id(), Instant::now()))
+    );
+    try_join_all(channels.iter().map(|channel| {
+        let mut conn = conn.clone();
+        let publish = redis::cmd("SPUBLISH").arg(channel).arg(&token).to_owned();
+        async move { bounded(publish.query_async::<Value>(&mut conn)).await }
+    }))
+    .await?;
+    let mut unheard = channels.len();
+    let mut heard = vec![false; channels.len()];
+    let limit = tokio::time::sleep(PROBE_LIMIT);
+    tokio::pin!(limit);
+    while unheard > 0 {
+        tokio::select! {
+            msg = pushed.recv() => {
+                let Some(msg) = msg else {
+                    return Err(lost("the subscriptions' connection closed"));
+                };
+                match probed(&msg, channels, &token) {
+                    Some(shard) => {
+                        if !std::mem::replace(&mut heard[shard], true) {
+                            unheard -= 1;
+                        }
+                    }
+                    None => take(msg, channels, sharding, tx).await.map_err(lost)?,
+                }
+            }
+            () = &mut limit => {
+                return Err(lost(&format!(
+                    "{unheard} of the shards' channels did not hear a message published on them"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The shard whose channel `msg` is this listener's probe `token` on.
+fn probed(msg: &PushInfo, channels: &[String], token: &str) -> Option<usize> {
+    let (PushKind::SMessage, Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
+        (&msg.kind, msg.data.first(), msg.data.get(1))
+    else {
+        return None;
+    };
+    if payload != token.as_bytes() {
+        return None;
+    }
+    channels.iter().position(|c| c.as_bytes() == channel)
 }
 
 /// How often the shards' primaries are asked for a `PING` on the
@@ -414,6 +488,55 @@ mod tests {
         assert_eq!(head(b"h 17 orders x 2a"), None);
         assert_eq!(head(b"orders"), None);
         assert_eq!(event(b"a:b"), None);
+        // Another process's probe means nothing here.
+        assert_eq!(event(b"probe:00000000000000ff"), None);
+        assert_eq!(head(b"probe:00000000000000ff"), None);
+    }
+
+    #[test]
+    fn a_probe_is_known_by_its_token_and_channel() {
+        let channels = vec!["{a}events".to_string(), "{b}events".to_string()];
+        let msg = |kind, channel: &str, payload: &str| PushInfo {
+            kind,
+            data: vec![
+                Value::BulkString(channel.as_bytes().to_vec()),
+                Value::BulkString(payload.as_bytes().to_vec()),
+            ],
+        };
+        let token = "probe:0123456789abcdef";
+        assert_eq!(
+            probed(
+                &msg(PushKind::SMessage, "{b}events", token),
+                &channels,
+                token
+            ),
+            Some(1)
+        );
+        let other = "probe:fedcba9876543210";
+        assert_eq!(
+            probed(
+                &msg(PushKind::SMessage, "{b}events", other),
+                &channels,
+                token
+            ),
+            None
+        );
+        assert_eq!(
+            probed(
+                &msg(PushKind::SMessage, "{c}events", token),
+                &channels,
+                token
+            ),
+            None
+        );
+        assert_eq!(
+            probed(
+                &msg(PushKind::Message, "{a}events", token),
+                &channels,
+                token
+            ),
+            None
+        );
     }
 
     #[test]
