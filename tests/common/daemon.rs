@@ -142,10 +142,14 @@ impl Daemon {
                 addr,
                 _dir: dir.take(),
             };
-            // Nothing to await but the port opening: poll for it.
+            // Nothing to await but the port opening: poll for it. Whose
+            // port it is matters: two tests can be handed the same free
+            // port, and a connection would then reach the other's server
+            // while this one, failing to bind, exits (two durable tests
+            // once put into each other's data directories).
             let start = Instant::now();
             loop {
-                if TcpStream::connect(addr).await.is_ok() {
+                if listens(daemon.child.id(), port) {
                     return daemon;
                 }
                 if let Some(status) = daemon.child.try_wait().expect("try_wait") {
@@ -226,6 +230,37 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Whether process `pid` listens on loopback `port`: the port's listening
+/// socket (in `/proc/net/tcp`) is one of the process's open files.
+fn listens(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // Fields: slot, local address (hex IP:port), remote address, state
+    // (0A: listening), ..., the socket's inode (the tenth).
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (_, local_port) = fields.get(1)?.split_once(':')?;
+            let inode = fields.get(9)?;
+            let listening = *fields.get(3)? == "0A";
+            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                .then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
 }
 
 /// Where a started delayq's log goes: to `$DELAYQ_TEST_LOGS/delayq-PORT.log`
