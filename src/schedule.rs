@@ -201,7 +201,8 @@ pub struct Schedule {
     /// Their body.
     pub body: Bytes,
     /// When it was registered (ms since the epoch): it fires for no
-    /// moment before.
+    /// moment before, nor for this one if it is a moment (the first is the
+    /// one after, as `SCHEDULED` says).
     pub since: u64,
 }
 
@@ -215,7 +216,11 @@ impl Schedule {
     /// before `now`, if it is not older than the schedule. It may have
     /// fired already; then its id is taken and the put changes nothing.
     pub fn missed(&self, now: u64) -> Option<u64> {
-        self.when.latest_by(now).filter(|&m| m >= self.since)
+        // Strictly after: a schedule registered on a moment's very
+        // millisecond was answered with the next moment as its first, and
+        // then fired this one too (CI: `every 1s` registered at a whole
+        // second).
+        self.when.latest_by(now).filter(|&m| m > self.since)
     }
 
     /// How long a firing at `moment` keeps its id taken, from `now`: until
@@ -390,6 +395,21 @@ mod tests {
             "heartbeat@2026-11-26T02:49:30Z"
         );
         assert_eq!(s.missed(at("2026-11-26T02:49:20Z")), None);
+        // Registered on a moment: its first is the next, so it never
+        // fires for that one.
+        let on_a_moment = Schedule {
+            since: at("2026-11-26T02:49:30Z"),
+            ..s.clone()
+        };
+        assert_eq!(
+            on_a_moment.when.next_after(on_a_moment.since),
+            Some(at("2026-11-26T02:50:00Z"))
+        );
+        assert_eq!(on_a_moment.missed(at("2026-11-26T02:49:30.200Z")), None);
+        assert_eq!(
+            on_a_moment.missed(at("2026-11-26T02:50:00Z")),
+            Some(at("2026-11-26T02:50:00Z"))
+        );
         assert_eq!(
             s.missed(at("2026-11-26T02:51:20Z")),
             Some(at("2026-11-26T02:51:00Z"))
