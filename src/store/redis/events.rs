@@ -496,47 +496,23 @@ mod tests {
     #[test]
     fn a_probe_is_known_by_its_token_and_channel() {
         let channels = vec!["{a}events".to_string(), "{b}events".to_string()];
-        let msg = |kind, channel: &str, payload: &str| PushInfo {
-            kind,
-            data: vec![
+        let token = "probe:0123456789abcdef";
+        // Which shard's probe a push is, if it is this listener's.
+        let shard = |kind, channel: &str, payload: &str| {
+            let data = vec![
                 Value::BulkString(channel.as_bytes().to_vec()),
                 Value::BulkString(payload.as_bytes().to_vec()),
-            ],
+            ];
+            probed(&PushInfo { kind, data }, &channels, token)
         };
-        let token = "probe:0123456789abcdef";
+        assert_eq!(shard(PushKind::SMessage, "{b}events", token), Some(1));
+        let another_process = "probe:fedcba9876543210";
         assert_eq!(
-            probed(
-                &msg(PushKind::SMessage, "{b}events", token),
-                &channels,
-                token
-            ),
-            Some(1)
-        );
-        let other = "probe:fedcba9876543210";
-        assert_eq!(
-            probed(
-                &msg(PushKind::SMessage, "{b}events", other),
-                &channels,
-                token
-            ),
+            shard(PushKind::SMessage, "{b}events", another_process),
             None
         );
-        assert_eq!(
-            probed(
-                &msg(PushKind::SMessage, "{c}events", token),
-                &channels,
-                token
-            ),
-            None
-        );
-        assert_eq!(
-            probed(
-                &msg(PushKind::Message, "{a}events", token),
-                &channels,
-                token
-            ),
-            None
-        );
+        assert_eq!(shard(PushKind::SMessage, "{c}events", token), None);
+        assert_eq!(shard(PushKind::Message, "{a}events", token), None);
     }
 
     #[test]
