@@ -316,11 +316,11 @@ const PROBE_LIMIT: Duration = Duration::from_secs(2);
 
 /// Publishes a message of its own on every shard's channel, where the
 /// shard's news is published, and waits until each has come back on the
-/// subscriptions: only then is every channel heard. A subscription and a
-/// `ROLE` can each be sent where a slot map of the moment says, and around
-/// a failover those maps change between one and the other: in CI, after a
-/// primary was killed, workers on another process were never told of the
-/// jobs put on its shards, though every `ROLE` had answered a primary.
+/// subscriptions: only then is every channel heard. In CI, after a primary
+/// was killed, workers on another process were never told of the jobs put
+/// on its shards, though every `ROLE` had answered a primary (probably: a
+/// subscription and a `ROLE` are each sent where the slot map of the moment
+/// says, and around a failover it changes between one and the other).
 /// News that comes meanwhile is taken in as usual; other processes ignore
 /// the probes (a tube's name has no colon).
 async fn probe(
