@@ -517,12 +517,15 @@ async fn a_frozen_sentinel_primarys_failover_reaches_every_process() {
 
 /// A pause on a cluster ends no sooner than Redis says, even when the
 /// control slot's primary is slow to answer. Each process keeps the pauses
-/// in mind (the shards do not know them) and learns what is left of each
-/// from the control slot on every tick. It used to count that from when it
-/// asked, so an answer held up in Redis ended the pause early by the hold:
-/// CI saw a job handed out while `stats-tube` still said `pause: 1`. Here
-/// the primary sleeps (`DEBUG SLEEP`) through most of the pause, so the
-/// tick sent during it (one comes at least every second) is answered late.
+/// in mind and learns what is left of each from the control slot on every
+/// tick. It used to count that from when it asked, and the shards did not
+/// hold pauses then, so an answer held up in Redis ended the pause early by
+/// the hold: CI saw a job handed out while `stats-tube` still said
+/// `pause: 1` (this test: 1.61 s into a pause of 2 s). Now the shards hold
+/// the pause as well, so this guards the promise whichever of the two
+/// would fail. Here the primary sleeps (`DEBUG SLEEP`) through most of the
+/// pause, so the tick sent during it (one comes at least every second) is
+/// answered late.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_ends_no_sooner_when_redis_answers_late() {
     const PAUSE: Duration = Duration::from_secs(2);
@@ -611,7 +614,9 @@ async fn a_pause_through_one_process_holds_every_other_at_once() {
     let after = paused_at.elapsed();
     assert_eq!(job.id, held.to_string());
     assert!(
-        (Duration::from_secs(2)..Duration::from_millis(2500)).contains(&after),
+        // Not before the end; the bound above it as in the conformance
+        // suite's pause tests, for a loaded machine.
+        (Duration::from_secs(2)..Duration::from_secs(3)).contains(&after),
         "a pause of 2 s through the other process: the job came after {after:?}"
     );
     assert_eq!(worker.cmd(&format!("delete {held}")).await, "DELETED");
@@ -633,8 +638,10 @@ async fn a_pause_through_one_process_holds_every_other_at_once() {
     let (job, got_at) = waiting.await.expect("the worker's task");
     assert_eq!(job.id, resumed.to_string());
     let wait = got_at.duration_since(resumed_at);
+    // At once: without the shards' announcement of the resume, the worker
+    // got the job seconds later (the test's run took 9.4 s, not 4.7).
     assert!(
-        wait < Duration::from_millis(250),
+        wait < Duration::from_millis(500),
         "the worker on the other process got the job {wait:?} after the resume"
     );
 }
