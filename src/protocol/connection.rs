@@ -254,9 +254,8 @@ const OVERDUE_LIMIT: Duration = Duration::from_millis(20);
 /// Whether a command begun at `started` used up most of its `limit`, not
 /// counting the time its connection spent `flushing` replies to its client
 /// meanwhile (a client slow to read says nothing of the store): it ran out
-/// of time, or the store's own call did (the store's calls have the same
-/// limit, and their time-out can come first), so the commands sent with it
-/// are overdue.
+/// of time, or nearly, before the store answered or gave up on a call, so
+/// the commands sent with it are overdue.
 fn used_up(started: Instant, flushing: Duration, limit: Option<Duration>) -> bool {
     limit.is_some_and(|limit| started.elapsed().saturating_sub(flushing) >= limit * 3 / 4)
 }

@@ -1409,7 +1409,7 @@ impl Store for RedisStore {
     }
 
     fn call_limit(&self) -> Option<Duration> {
-        Some(conn::CALL_TIMEOUT)
+        Some(conn::COMMAND_LIMIT)
     }
 
     /// Takes down this process's alive mark. The others' next heartbeat
