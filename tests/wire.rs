@@ -38,6 +38,7 @@ backend_tests!(
     command_pipelined_behind_a_blocked_reserve,
     hang_up_while_blocked_loses_no_job,
     hang_up_with_a_command_queued_behind_a_blocked_reserve,
+    hang_up_behind_more_than_the_read_ahead_of_a_blocked_reserve,
     half_close_still_gets_every_reply,
     partial_put_at_hang_up_stores_nothing,
     many_waiting_workers_each_get_one_job,
@@ -576,6 +577,30 @@ async fn hang_up_with_a_command_queued_behind_a_blocked_reserve(backend: Backend
         .await;
     assert_eq!(s.num("current-waiting"), 0);
     // The next job is not handed to the departed client first.
+    let id = c.put_ok(0, 0, 60, b"x").await;
+    let s = c.stats_job(id).await;
+    assert_eq!((s.get("state"), s.num("reserves")), ("ready", 0));
+}
+
+/// The same with more pipelined behind the reserve than the server reads
+/// ahead while the reserve waits (64 KiB): the hang-up comes behind input
+/// nobody reads, and was never seen, so the departed client stayed a
+/// waiter for good, holding its buffers, and would have been handed the
+/// next job. beanstalkd 1.12 sees it.
+async fn hang_up_behind_more_than_the_read_ahead_of_a_blocked_reserve(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut gone = server.client().await;
+    let mut c = server.client().await;
+    gone.send(b"reserve\r\n").await;
+    c.wait_stat("current-waiting", 1).await;
+    // 160,000 bytes: past the read-ahead, and within what the kernel's
+    // socket buffers take, so the write completes and the FIN follows it.
+    gone.send(&b"list-tube-used\r\n".repeat(10_000)).await;
+    gone.hang_up();
+    let s = c
+        .poll_yaml("stats", |y| y.num("current-connections") == 1)
+        .await;
+    assert_eq!(s.num("current-waiting"), 0);
     let id = c.put_ok(0, 0, 60, b"x").await;
     let s = c.stats_job(id).await;
     assert_eq!((s.get("state"), s.num("reserves")), ("ready", 0));

@@ -12,6 +12,7 @@
 //! only `TcpStream`.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,16 +29,37 @@ use tracing::{debug, error};
 use super::codec::{Codec, Limits, Request};
 use super::command::Command;
 use super::failure::failed;
+use super::hangup::{HangUp, hung_up};
 use super::reply::{Reply, Response};
 use super::session::{Outcome, Session, Shared, Wanted};
 use crate::store::{ConnId, Store, held};
 
-/// A byte stream a client connection runs over: a `TcpStream`, or a TLS
-/// session on one. `Send + 'static` because a connection is a task of its
-/// own.
-pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+/// A byte stream a client connection runs over: a `TcpStream` or a
+/// `UnixStream`, or a TLS session on one. `Send + 'static` because a
+/// connection is a task of its own.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The socket under the stream, watched for the client's hang-up while
+    /// the connection does not read it ([`HangUp`]).
+    fn socket(&self) -> BorrowedFd<'_>;
+}
 
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Transport for T {}
+impl Transport for tokio::net::TcpStream {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+impl Transport for tokio::net::UnixStream {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+impl<T: Transport> Transport for tokio_rustls::server::TlsStream<T> {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.get_ref().0.socket()
+    }
+}
 
 type Wire<T> = Framed<T, Codec>;
 
@@ -491,7 +513,8 @@ async fn sleep_until_some(at: Option<Instant>) {
 }
 
 /// Most bytes read ahead from a client while it is blocked in `reserve`;
-/// past this the server stops reading until the reserve is answered.
+/// past this the server stops reading until the reserve is answered, and
+/// watches the socket for the client's hang-up alone.
 const READ_AHEAD: usize = 64 * 1024;
 
 /// Blocks in `reserve`. Returns the reply, or `None` if the client left or
@@ -499,7 +522,10 @@ const READ_AHEAD: usize = 64 * 1024;
 ///
 /// Meanwhile the socket is still read, so a hang-up is seen at once; the
 /// bytes read (pipelined commands) are not decoded but put back in the read
-/// buffer afterwards, to be answered in order once the reserve is.
+/// buffer afterwards, to be answered in order once the reserve is. Past
+/// [`READ_AHEAD`] the hang-up is watched for without reading ([`HangUp`]):
+/// behind the unread bytes, reading would not see it, and a client that
+/// pipelined more than that and left stayed a waiter for good.
 async fn wait<S: Store, T: Transport>(
     wire: &mut Wire<T>,
     session: &mut Session<S>,
@@ -511,7 +537,12 @@ async fn wait<S: Store, T: Transport>(
     let mut blocked = session.block(wanted, started);
     let timeout_at = blocked.timeout_at();
     let mut ahead = BytesMut::new();
+    let mut hangup = None;
     let give_up = loop {
+        let full = ahead.len() >= READ_AHEAD;
+        if full && hangup.is_none() {
+            hangup = HangUp::watch(wire.get_ref().socket());
+        }
         tokio::select! {
             handed = blocked.handed() => {
                 wire.read_buffer_mut().extend_from_slice(&ahead);
@@ -522,13 +553,14 @@ async fn wait<S: Store, T: Transport>(
             // Cancel-safe: a read that loses the race has taken nothing.
             // Through the stream rather than the raw socket, so a TLS
             // session's bytes already decrypted are seen too.
-            read = wire.get_mut().read_buf(&mut ahead), if ahead.len() < READ_AHEAD => {
+            read = wire.get_mut().read_buf(&mut ahead), if !full => {
                 match read {
                     // `ahead` always has room, so 0 is the end of input.
                     Ok(0) | Err(_) => break None,
                     Ok(_) => {}
                 }
             }
+            () = hung_up(hangup.as_ref()), if full => break None,
             () = shutdown.cancelled() => break None,
         }
     };

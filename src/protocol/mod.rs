@@ -11,7 +11,8 @@
 //!   mistakes come out as items, never as stream errors.
 //! * [`command`] and [`json`] parse a line into one [`command::Command`].
 //! * [`connection`] runs one client: pipelined replies share a flush, and a
-//!   blocked reserve waits on a channel.
+//!   blocked reserve waits on a channel; [`hangup`] sees its client leave
+//!   even behind input it does not read.
 //! * [`session`] holds a connection's state; [`dispatch`] is the one `match`
 //!   over commands, each arm one broker call.
 //! * [`reply`] spells every wire word; [`stats`] keeps the counters and
@@ -30,6 +31,7 @@ pub mod connection;
 pub mod dispatch;
 pub mod export;
 pub mod failure;
+pub mod hangup;
 pub mod json;
 pub mod options;
 pub mod reply;
