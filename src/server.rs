@@ -80,6 +80,18 @@ impl From<UnixListener> for Listener {
     }
 }
 
+/// TCP keepalive on every client connection (the HTTP front end's too). A client that is gone
+/// without a word (its machine off, the network cut, or a FIN that cannot
+/// reach the server because its input fills the server's buffers) would
+/// otherwise be held for good, a waiter in `reserve` taking the next job
+/// of its tubes, or the holder of its reserved jobs until their TTR:
+/// probed after a minute of silence, every 10 s, it is let go about two
+/// and a half minutes after it went (Linux gives up after 9 unanswered
+/// probes).
+pub(crate) const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
+    .with_time(Duration::from_secs(60))
+    .with_interval(Duration::from_secs(10));
+
 /// A connection just accepted, and its peer's address (a Unix socket's
 /// peer has none worth telling: clients are unnamed).
 enum Accepted {
@@ -198,6 +210,7 @@ pub async fn run_with_http<S: Store>(
         match accepted {
             Ok(Accepted::Tcp(socket, peer)) => {
                 let _ = socket.set_nodelay(true);
+                let _ = socket2::SockRef::from(&socket).set_tcp_keepalive(&KEEPALIVE);
                 admission.admit(socket, Some(peer));
             }
             Ok(Accepted::Unix(socket)) => admission.admit(socket, None),

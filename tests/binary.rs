@@ -554,3 +554,54 @@ async fn a_hang_up_is_seen_at_once_on_redis() {
     let redis = RedisServer::start(&[]);
     a_hang_up_is_seen_by_the_commands_sent_after_it(Daemon::redis(&redis.url).await).await;
 }
+
+/// A client that goes without a word (its machine off, the network cut, or
+/// its FIN stuck behind input that fills the server's buffers, which a
+/// client blocked in `reserve` can send) is let go in the end: the server
+/// probes every client connection with TCP keepalive after a minute of
+/// silence. Read from `/proc/net/tcp`, whose `tr` column is 2 while a
+/// connection's keepalive timer runs; a socket without `SO_KEEPALIVE` has
+/// no timer when idle (0).
+#[tokio::test]
+async fn client_connections_are_probed_by_tcp_keepalive() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let daemon = Daemon::start(&["--in-memory"]).await;
+    let mut client = tokio::net::TcpStream::connect(daemon.addr)
+        .await
+        .expect("connect");
+    client
+        .write_all(b"list-tube-used\r\n")
+        .await
+        .expect("write");
+    let mut reply = [0u8; 15];
+    client.read_exact(&mut reply).await.expect("reply");
+    assert_eq!(&reply, b"USING default\r\n");
+    let server = daemon.addr.port();
+    let ours = client.local_addr().expect("the client's address").port();
+    let port = |field: &str| {
+        let (_, hex) = field.split_once(':')?;
+        u16::from_str_radix(hex, 16).ok()
+    };
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let timer = table
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (port(f.get(1)?) == Some(server) && port(f.get(2)?) == Some(ours))
+                .then(|| f.get(5).map(|t| t.to_string()))?
+        })
+        .expect("the server's end of the connection in /proc/net/tcp");
+    let (active, when) = timer.split_once(':').expect("tr:tm->when");
+    assert_eq!(
+        active, "02",
+        "no keepalive timer runs (tr:tm->when {timer})"
+    );
+    // SAFETY: sysconf only reads a system setting.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let due = Duration::from_millis(u64::from_str_radix(when, 16).expect("hex") * 1000 / ticks);
+    assert!(
+        due <= Duration::from_secs(60),
+        "the first probe is due in {due:?}"
+    );
+}

@@ -146,6 +146,7 @@ pub async fn serve<S: Store>(
             continue;
         };
         let _ = socket.set_nodelay(true);
+        let _ = socket2::SockRef::from(&socket).set_tcp_keepalive(&crate::server::KEEPALIVE);
         let shutdown = shutdown.clone();
         match &tls {
             None => {
