@@ -566,20 +566,7 @@ async fn hang_up_while_blocked_loses_no_job(backend: Backend) {
 /// beanstalkd 1.12 notices at once a client that hangs up while blocked in
 /// `reserve`, even with more commands pipelined behind the reserve.
 async fn hang_up_with_a_command_queued_behind_a_blocked_reserve(backend: Backend) {
-    let server = TestServer::start(backend).await;
-    let mut gone = server.client().await;
-    let mut c = server.client().await;
-    gone.send(b"reserve\r\nlist-tube-used\r\n").await;
-    c.wait_stat("current-waiting", 1).await;
-    drop(gone);
-    let s = c
-        .poll_yaml("stats", |y| y.num("current-connections") == 1)
-        .await;
-    assert_eq!(s.num("current-waiting"), 0);
-    // The next job is not handed to the departed client first.
-    let id = c.put_ok(0, 0, 60, b"x").await;
-    let s = c.stats_job(id).await;
-    assert_eq!((s.get("state"), s.num("reserves")), ("ready", 0));
+    a_departed_waiter_is_let_go(backend, b"list-tube-used\r\n").await;
 }
 
 /// The same with more pipelined behind the reserve than the server reads
@@ -588,14 +575,20 @@ async fn hang_up_with_a_command_queued_behind_a_blocked_reserve(backend: Backend
 /// waiter for good, holding its buffers, and would have been handed the
 /// next job. beanstalkd 1.12 sees it.
 async fn hang_up_behind_more_than_the_read_ahead_of_a_blocked_reserve(backend: Backend) {
+    // 160,000 bytes: past the read-ahead, and within what the kernel's
+    // socket buffers take, so the write completes and the FIN follows it.
+    a_departed_waiter_is_let_go(backend, &b"list-tube-used\r\n".repeat(10_000)).await;
+}
+
+/// A client blocked in `reserve` sends `behind` and hangs up: the server
+/// lets it go, and the next job is not handed to it first.
+async fn a_departed_waiter_is_let_go(backend: Backend, behind: &[u8]) {
     let server = TestServer::start(backend).await;
     let mut gone = server.client().await;
     let mut c = server.client().await;
     gone.send(b"reserve\r\n").await;
     c.wait_stat("current-waiting", 1).await;
-    // 160,000 bytes: past the read-ahead, and within what the kernel's
-    // socket buffers take, so the write completes and the FIN follows it.
-    gone.send(&b"list-tube-used\r\n".repeat(10_000)).await;
+    gone.send(behind).await;
     gone.hang_up();
     let s = c
         .poll_yaml("stats", |y| y.num("current-connections") == 1)
