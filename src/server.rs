@@ -80,14 +80,15 @@ impl From<UnixListener> for Listener {
     }
 }
 
-/// TCP keepalive on every client connection (the HTTP front end's too). A client that is gone
-/// without a word (its machine off, the network cut, or a FIN that cannot
-/// reach the server because its input fills the server's buffers) would
-/// otherwise be held for good, a waiter in `reserve` taking the next job
-/// of its tubes, or the holder of its reserved jobs until their TTR:
+/// TCP keepalive on every client connection (the HTTP front end's too). A
+/// client that is gone without a word (its machine off, the network cut)
+/// would otherwise be held for good, a waiter in `reserve` taking the next
+/// job of its tubes, or the holder of its reserved jobs until their TTR:
 /// probed after a minute of silence, every 10 s, it is let go about two
 /// and a half minutes after it went (Linux gives up after 9 unanswered
-/// probes).
+/// probes). So is one whose FIN cannot reach the server because its input
+/// fills the server's buffers, once its kernel stops trying to send (3 on
+/// loopback: 6.5 minutes; held for good without keepalive).
 pub(crate) const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
     .with_time(Duration::from_secs(60))
     .with_interval(Duration::from_secs(10));
