@@ -30,6 +30,7 @@ backend_tests!(
     too_big_bodies,
     reservations_come_back_after_their_ttr,
     hang_up_during_a_long_poll_leaves_nothing_behind,
+    hang_up_during_a_long_poll_with_a_request_pipelined_behind_it,
     openapi_lists_every_route,
 );
 
@@ -588,6 +589,36 @@ async fn hang_up_during_a_long_poll_leaves_nothing_behind(backend: Backend) {
     let job = c.reserved("reserve-with-timeout 0").await;
     assert_eq!(job.id, id.to_string());
     assert_eq!(c.stats_job(id).await.num("reserves"), 1);
+}
+
+/// The same with a next request already sent behind the long-poll: hyper
+/// holds it unread and reads no further, so it does not see the hang-up
+/// behind it. The departed client stayed a waiter until its timeout, and a
+/// job put meanwhile was handed to it and stayed reserved until its TTR.
+async fn hang_up_during_a_long_poll_with_a_request_pipelined_behind_it(backend: Backend) {
+    use tokio::io::AsyncWriteExt;
+    let server = TestServer::start_http(backend).await;
+    let addr = server.http.expect("an HTTP listener");
+    let mut c = server.client().await;
+    let mut gone = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    gone.write_all(
+        b"POST /v1/tubes/gone/reserve?timeout=30 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n\
+          GET /v1/stats HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    c.wait_stat("current-waiting", 1).await;
+    // A shutdown sends the FIN whoever else holds the socket (see
+    // `Client::hang_up`).
+    gone.into_std()
+        .expect("into_std")
+        .shutdown(std::net::Shutdown::Both)
+        .expect("shutdown");
+    c.wait_stat("current-waiting", 0).await;
+    assert_eq!(c.cmd("use gone").await, "USING gone");
+    let id = c.put_ok(0, 0, 60, b"for whoever waits").await;
+    let s = c.stats_job(id).await;
+    assert_eq!((s.get("state"), s.num("reserves")), ("ready", 0));
 }
 
 async fn openapi_lists_every_route(backend: Backend) {

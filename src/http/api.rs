@@ -31,10 +31,12 @@
 //! that hangs up meanwhile drops it, which leaves the queue and gives back
 //! a job already on its way.
 
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
 use axum::extract::Request;
 use axum::extract::State;
@@ -52,6 +54,7 @@ use crate::names::{JobId, Tube};
 use crate::protocol::ClientError;
 use crate::protocol::command::Command;
 use crate::protocol::connection;
+use crate::protocol::hangup::{HangUp, hung_up};
 use crate::protocol::json;
 use crate::protocol::reply::Reply;
 use crate::protocol::session::{Outcome, Session, Shared};
@@ -80,21 +83,26 @@ tokio::task_local! {
     static BEARER: (Option<Bytes>, Option<Caller>);
 }
 
-/// Who sends an HTTP connection's requests: the client's address, and the
+/// Who sends an HTTP connection's requests: the client's address, the
 /// failed token checks in a row on the connection, which each wait longer
-/// (a text connection's do; each request here is a session of its own).
+/// (a text connection's do; each request here is a session of its own),
+/// and the connection's socket, watched for a hang-up during a long-poll.
 #[derive(Debug, Clone)]
 pub struct Caller {
     peer: std::net::SocketAddr,
     failures: Arc<AtomicU32>,
+    socket: RawFd,
 }
 
 impl Caller {
-    /// A fresh connection's, from `peer`.
-    pub fn new(peer: std::net::SocketAddr) -> Caller {
+    /// A fresh connection's, from `peer`, over `socket`: the descriptor of
+    /// the connection's socket, open as long as the connection serves
+    /// requests.
+    pub fn new(peer: std::net::SocketAddr, socket: RawFd) -> Caller {
         Caller {
             peer,
             failures: Arc::new(AtomicU32::new(0)),
+            socket,
         }
     }
 
@@ -234,6 +242,24 @@ async fn run<S: Store>(
     tube: Tube,
     cmd: Result<Command, ClientError>,
 ) -> Reply {
+    run_watching(shared, tube, cmd, None).await
+}
+
+/// [`run`], for a request whose long-poll also ends when `caller` hangs up.
+///
+/// hyper drops a request's handler when it sees its client go, and a
+/// dropped long-poll leaves nothing behind (see `Blocked`), but it sees the
+/// end of the input only while it reads, and with a next request read
+/// ahead (pipelined) it reads no further: the departed client stayed a
+/// waiter until its timeout (up to 300 s), and a job handed to it stayed
+/// reserved until its TTR. The socket is watched for the hang-up itself,
+/// as a text connection's is.
+async fn run_watching<S: Store>(
+    shared: Arc<Shared<S>>,
+    tube: Tube,
+    cmd: Result<Command, ClientError>,
+    caller: Option<&Caller>,
+) -> Reply {
     let started = Instant::now();
     let tokens_on = shared.config.tokens.is_some();
     let mut session = Session::request(shared, HTTP_CONN, tube);
@@ -281,12 +307,22 @@ async fn run<S: Store>(
             let until = blocked
                 .timeout_at()
                 .unwrap_or_else(|| started + Duration::from_secs(MAX_WAIT.into()));
+            let watch = caller.and_then(|caller| {
+                // SAFETY: the descriptor is the socket of the connection
+                // serving this request, which stays open while the request
+                // is served; it is duplicated at once, and only the
+                // duplicate is kept.
+                HangUp::watch(unsafe { BorrowedFd::borrow_raw(caller.socket) })
+            });
             tokio::select! {
                 handed = blocked.handed() => blocked.deliver(&mut session, handed).await,
                 () = tokio::time::sleep_until(until) => blocked
                     .end(&mut session, Some(Reply::TimedOut))
                     .await
                     .unwrap_or(Reply::TimedOut),
+                // Nobody reads this reply; `blocked`, dropped on the way
+                // out, gives back a job handed to it meanwhile.
+                () = hung_up(watch.as_ref()) => Reply::TimedOut,
             }
         }
         // No command made here quits.
@@ -318,12 +354,14 @@ async fn add<S: Store>(
 /// batch), in the query or the JSON body.
 async fn reserve<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
+    caller: Option<Extension<Caller>>,
     InTube(tube): InTube,
     uri: Uri,
     Fields(fields): Fields,
 ) -> Response {
     let cmd = reserve_command(&uri, fields, &tube);
-    reply(run(shared, tube, cmd).await)
+    let caller = caller.map(|Extension(caller)| caller);
+    reply(run_watching(shared, tube, cmd, caller.as_ref()).await)
 }
 
 /// The reserve a request asks for.

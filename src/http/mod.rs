@@ -22,7 +22,7 @@
 //! own time limit, after which [`HEADER_TIMEOUT`] applies as usual.
 
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,7 +153,7 @@ pub async fn serve<S: Store>(
                 let fd = socket.as_raw_fd();
                 let conn = http.serve_connection(
                     TokioIo::new(Unread::new(socket, fd)),
-                    WithCaller::new(&app, peer),
+                    WithCaller::new(&app, peer, fd),
                 );
                 tracker.spawn(async move {
                     drive(conn, peer, &shutdown).await;
@@ -167,7 +167,7 @@ pub async fn serve<S: Store>(
                     if let Some(stream) = tls.accept_http(socket, peer, &shutdown).await {
                         let conn = http.serve_connection(
                             TokioIo::new(Unread::new(stream, fd)),
-                            WithCaller::new(&app, peer),
+                            WithCaller::new(&app, peer, fd),
                         );
                         drive(conn, peer, &shutdown).await;
                     }
@@ -410,10 +410,10 @@ struct WithCaller {
 }
 
 impl WithCaller {
-    fn new(app: &Router, peer: SocketAddr) -> WithCaller {
+    fn new(app: &Router, peer: SocketAddr, socket: RawFd) -> WithCaller {
         WithCaller {
             app: TowerToHyperService::new(app.clone()),
-            caller: api::Caller::new(peer),
+            caller: api::Caller::new(peer, socket),
         }
     }
 }
