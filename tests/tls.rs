@@ -148,6 +148,21 @@ impl Client {
         self.line().await
     }
 
+    /// A command answered `OK <bytes>` and a YAML document: the document.
+    async fn document(&mut self, line: &str) -> String {
+        let reply = self.cmd(line).await;
+        let len: usize = reply
+            .strip_prefix("OK ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}: {reply}"));
+        let mut body = vec![0; len + 2];
+        self.stream
+            .read_exact(&mut body)
+            .await
+            .expect("the document");
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
     async fn put(&mut self, body: &str) -> String {
         self.send(format!("put 0 0 60 {}\r\n{body}\r\n", body.len()).as_bytes())
             .await;
@@ -259,18 +274,56 @@ async fn blocked_reserve_over_tls_is_served_and_sees_a_hang_up() {
     // The hang-up releases job 1: it is ready again for someone else.
     let start = Instant::now();
     loop {
-        let reply = producer.cmd("stats-job 1").await;
-        let len: usize = reply.trim_start_matches("OK ").parse().expect("OK <bytes>");
-        let mut body = vec![0; len + 2];
-        producer
-            .stream
-            .read_exact(&mut body)
+        if producer
+            .document("stats-job 1")
             .await
-            .expect("stats-job body");
-        if String::from_utf8_lossy(&body).contains("state: ready") {
+            .contains("state: ready")
+        {
             break;
         }
         assert!(start.elapsed() < LIMIT, "the job never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A worker blocked in `reserve` over TLS that pipelined more than the
+/// server reads ahead while it waits (64 KiB) and left is let go: the
+/// hang-up, behind input the server does not read, is watched for on the
+/// socket under the TLS session.
+#[tokio::test]
+async fn a_worker_that_pipelined_past_the_read_ahead_over_tls_and_left_is_let_go() {
+    let cert = Cert::new();
+    let server = start(&cert, &["--in-memory"], false).await;
+    let mut worker = Client::connect(&cert, server.daemon.addr).await;
+    worker.send(b"reserve\r\n").await;
+    let mut producer = Client::connect(&cert, server.daemon.addr).await;
+    let start_wait = Instant::now();
+    while !producer
+        .document("stats")
+        .await
+        .contains("current-waiting: 1\n")
+    {
+        assert!(start_wait.elapsed() < LIMIT, "the worker never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 160,000 bytes: past the read-ahead, and within the socket buffers.
+    worker.send(&b"list-tube-used\r\n".repeat(10_000)).await;
+    // A shutdown sends the FIN whoever else holds the socket.
+    let tcp = worker.stream.into_inner().into_inner().0;
+    tcp.into_std()
+        .expect("into_std")
+        .shutdown(std::net::Shutdown::Both)
+        .expect("shutdown");
+    let gone = Instant::now();
+    loop {
+        let now = producer.document("stats").await;
+        if now.contains("current-waiting: 0\n") && now.contains("current-connections: 1\n") {
+            break;
+        }
+        assert!(
+            gone.elapsed() < LIMIT,
+            "the departed worker is still held:\n{now}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
