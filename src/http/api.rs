@@ -29,7 +29,9 @@
 //! ready is a long-poll: it waits on the broker as a blocked text
 //! connection does ([`crate::protocol::session::Blocked`]), and a client
 //! that hangs up meanwhile drops it, which leaves the queue and gives back
-//! a job already on its way.
+//! a job already on its way: hyper drops it when it sees the hang-up, and
+//! the long-poll watches the socket itself for one hyper cannot see (behind
+//! a pipelined request it does not read).
 
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::Arc;
