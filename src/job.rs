@@ -367,6 +367,8 @@ pub struct LogStats {
     pub records_migrated: u64,
     /// Syncs of the log since start (each makes a group of changes safe).
     pub syncs: u64,
+    /// How long those syncs took.
+    pub sync_times: crate::metrics::HistogramSnapshot,
     /// The size of one log file.
     pub file_size: u64,
 }

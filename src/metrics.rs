@@ -80,7 +80,7 @@ impl Histogram {
 }
 
 /// A histogram's figures at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HistogramSnapshot {
     counts: [u64; BUCKETS],
     sum_nanos: u64,

@@ -197,6 +197,17 @@ async fn figures_match_stats(backend: Backend) {
         m.get("delayq_log_syncs_total", &[]).is_some(),
         backend == Backend::Durable
     );
+    // Each sync is timed before the replies it releases go out, so the
+    // puts answered above were timed; a sync may have begun since the
+    // counter was read, never the other way round.
+    let timed = m.get("delayq_log_sync_seconds_count", &[]);
+    assert_eq!(timed.is_some(), backend == Backend::Durable);
+    if let Some(timed) = timed {
+        let syncs = m.num("delayq_log_syncs_total", &[]);
+        assert!(syncs >= 1, "the puts were synced");
+        assert!(timed >= syncs as f64, "{timed} syncs timed of {syncs}");
+        assert!(m.get("delayq_log_sync_seconds_sum", &[]).unwrap() > 0.0);
+    }
 
     // A job due in a second, handed to a waiting worker: one lateness.
     assert_eq!(m.num("delayq_due_lateness_seconds_count", &[]), 0);

@@ -313,6 +313,19 @@ impl StoreFigures {
             "Syncs of the log (each makes a group of changes safe).",
             log.syncs,
         )?;
+        e.encode_descriptor(
+            "delayq_log_sync",
+            "How long each sync of the log took (fdatasync): under the default policy, \
+             the disk's part of every change's wait for its reply.",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(
+            log.sync_times.sum_seconds(),
+            log.sync_times.count(),
+            &log.sync_times.buckets(),
+            None,
+        )?;
         gauge(
             e,
             "delayq_log_oldest_file",

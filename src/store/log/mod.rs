@@ -512,6 +512,7 @@ impl Log for Wal {
             records_written: self.shared.records_written.load(Ordering::Relaxed),
             records_migrated: self.shared.records_migrated.load(Ordering::Relaxed),
             syncs: self.shared.syncs.load(Ordering::Relaxed),
+            sync_times: self.shared.sync_times.snapshot(),
             file_size: self.shared.file_size,
         })
     }

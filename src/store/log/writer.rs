@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tracing::error;
 
 use super::files::{Head, HeadFile, log_path, sync_dir};
+use crate::metrics::Histogram;
 
 /// When a change counts as safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,6 +225,9 @@ pub struct Shared {
     pub records_migrated: AtomicU64,
     /// Syncs of the log file.
     pub syncs: AtomicU64,
+    /// How long they took: the disk's part of every synced change's wait,
+    /// and the first figure to look at when replies slow down.
+    pub sync_times: Histogram,
     /// Told when the keeper has prepared room (a spare file).
     pub room: tokio::sync::Notify,
 }
@@ -286,6 +290,7 @@ impl Shared {
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            sync_times: Histogram::default(),
             room: tokio::sync::Notify::new(),
         }
     }
@@ -364,6 +369,7 @@ impl Shared {
             self.fail("fdatasync", &e);
             return Err(());
         }
+        self.sync_times.observe(start.elapsed());
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.store(upto, Ordering::Release);
         self.marks.send_modify(|m| m.synced = m.synced.max(upto));
