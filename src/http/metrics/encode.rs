@@ -97,6 +97,12 @@ fn counter(e: Enc, name: &str, help: &str, value: u64) -> Result {
         .encode_counter::<NoLabelSet, _, u64>(&value, None)
 }
 
+/// A histogram of durations, in seconds, without labels.
+fn seconds(e: Enc, name: &str, help: &str, h: &HistogramSnapshot) -> Result {
+    e.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?
+        .encode_histogram::<NoLabelSet>(h.sum_seconds(), h.count(), &h.buckets(), None)
+}
+
 /// A tube's `tube` label.
 fn tube(t: &TubeStats) -> &str {
     t.name.as_str()
@@ -199,20 +205,14 @@ impl Figures {
 
     /// What the broker measured.
     fn timings(&self, e: Enc) -> Result {
-        e.encode_descriptor(
+        seconds(
+            e,
             "delayq_due_lateness",
             "For each time the timer woke for a due time (a delay, a TTR, a pause, a time to \
              live, a rate limit ending), how long after it the tick that moved what had \
              fallen due and the hand-out to waiting workers were done. Counted from the \
              first scrape on.",
-            Some(&Unit::Seconds),
-            MetricType::Histogram,
-        )?
-        .encode_histogram::<NoLabelSet>(
-            self.lateness.sum_seconds(),
-            self.lateness.count(),
-            &self.lateness.buckets(),
-            None,
+            &self.lateness,
         )?;
         let mut m = e.encode_descriptor(
             "delayq_store_call",
@@ -313,18 +313,12 @@ impl StoreFigures {
             "Syncs of the log (each makes a group of changes safe).",
             log.syncs,
         )?;
-        e.encode_descriptor(
+        seconds(
+            e,
             "delayq_log_sync",
             "How long each sync of the log took (fdatasync): under the default policy, \
              the disk's part of every change's wait for its reply.",
-            Some(&Unit::Seconds),
-            MetricType::Histogram,
-        )?
-        .encode_histogram::<NoLabelSet>(
-            log.sync_times.sum_seconds(),
-            log.sync_times.count(),
-            &log.sync_times.buckets(),
-            None,
+            &log.sync_times,
         )?;
         gauge(
             e,
