@@ -198,8 +198,9 @@ async fn figures_match_stats(backend: Backend) {
         backend == Backend::Durable
     );
     // Each sync is timed before the replies it releases go out, so the
-    // puts answered above were timed; a sync may have begun since the
-    // counter was read, never the other way round.
+    // puts answered above were timed. A sync is timed before it is
+    // counted, and the count is read first: the timings may be ahead of
+    // the count, never behind it.
     let timed = m.get("delayq_log_sync_seconds_count", &[]);
     assert_eq!(timed.is_some(), backend == Backend::Durable);
     if let Some(timed) = timed {
