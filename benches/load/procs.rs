@@ -67,6 +67,7 @@ impl Kind {
         self.keeps_a_dir() || self == Kind::Redis
     }
 
+    /// Whether this target is beanstalkd (any of its flag sets), not delayq.
     pub fn is_beanstalkd(self) -> bool {
         matches!(
             self,
@@ -183,6 +184,7 @@ impl Proc {
         Proc(child)
     }
 
+    /// The process id, for reading its CPU time and memory from `/proc`.
     pub fn pid(&self) -> u32 {
         self.0.id()
     }
@@ -226,6 +228,7 @@ impl Stop {
         }
     }
 
+    /// The signal's name, as the reports print it.
     pub fn name(self) -> &'static str {
         match self {
             Stop::Term => "SIGTERM",
@@ -260,6 +263,8 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// Starts `program` (a `redis-server`) on a free loopback port, with a
+    /// directory of its own and no persistence, and waits until it answers.
     pub fn start(program: &PathBuf) -> RedisServer {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("delayq-load-{}-{port}", std::process::id()));
@@ -279,6 +284,7 @@ impl RedisServer {
         }
     }
 
+    /// The URL delayq's `--redis` takes for this server.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
@@ -567,6 +573,7 @@ pub async fn redis_conn(url: &str) -> io::Result<MultiplexedConnection> {
 pub struct Info(Vec<(String, String)>);
 
 impl Info {
+    /// Reads every section of `INFO` from `conn`.
     pub async fn read(conn: &mut MultiplexedConnection) -> io::Result<Info> {
         let text: String = redis::cmd("INFO")
             .arg("everything")
@@ -589,6 +596,7 @@ impl Info {
             .map(|(_, v)| v.as_str())
     }
 
+    /// `field` as a number; an error if it is missing or not a number.
     pub fn num(&self, field: &str) -> io::Result<f64> {
         self.text(field)
             .and_then(|v| v.parse().ok())

@@ -18,6 +18,7 @@ pub struct Figure {
 pub struct Report(pub Vec<Figure>);
 
 impl Report {
+    /// Appends a figure; figures print in the order they were added.
     pub fn add(&mut self, name: impl Into<String>, unit: &'static str, value: f64) {
         self.0.push(Figure {
             name: name.into(),
@@ -41,6 +42,7 @@ impl Report {
         self.add(format!("{name} max"), "ms", h.max() as f64 / 1e3);
     }
 
+    /// Prints one figure a line to stdout.
     pub fn print(&self) {
         for f in &self.0 {
             let _ = writeln!(
@@ -53,6 +55,7 @@ impl Report {
         }
     }
 
+    /// The figure called `name`, if it was added.
     pub fn get(&self, name: &str) -> Option<f64> {
         self.0.iter().find(|f| f.name == name).map(|f| f.value)
     }
@@ -63,6 +66,8 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
 }
 
+/// `d` in whole microseconds, at least 1, as the histograms record it
+/// (their lowest bound is 1).
 pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }

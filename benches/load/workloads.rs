@@ -313,8 +313,6 @@ async fn log_figures(c: &mut Conn) -> io::Result<Option<[u64; 3]>> {
     )
 }
 
-/// `pipeline`: producers writing puts in batches, consumers reserving and
-/// deleting, with at most `in_flight` jobs between them.
 /// `batch`: C connections each looping over N jobs at once: N puts
 /// written together, `reserve-batch N`, `finish-batch` of what came; the
 /// jobs moved per second, comparable with `cycle`'s cycles per second (a
@@ -378,6 +376,8 @@ pub async fn batch(at: &Endpoint, o: &Opts, probe: &Probe) -> io::Result<Report>
     Ok(report)
 }
 
+/// `pipeline`: producers writing puts in batches, consumers reserving and
+/// deleting, with at most `in_flight` jobs between them.
 pub async fn pipeline(at: &Endpoint, o: &Opts) -> io::Result<Report> {
     let epoch = Instant::now();
     let from = epoch + secs(o.warmup);

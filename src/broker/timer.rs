@@ -114,6 +114,7 @@ mod timerfd {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::time::Duration;
 
+    /// A non-blocking `timerfd` on the monotonic clock.
     pub fn create() -> io::Result<OwnedFd> {
         // SAFETY: timerfd_create takes no pointers; a non-negative result is
         // a new descriptor that we alone own.

@@ -201,10 +201,12 @@ impl Daemon {
         panic!("delayq on Redis kept exiting during start-up: {exited:?}");
     }
 
+    /// A new connection to this daemon.
     pub async fn client(&self) -> Client {
         Client::connect(self.addr).await
     }
 
+    /// Sends `sig` to the daemon, without waiting for what it does.
     pub fn signal(&self, sig: libc::c_int) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
         // SAFETY: sending a signal to our own child process.
@@ -218,6 +220,7 @@ impl Daemon {
         self.child.wait().expect("reap delayq");
     }
 
+    /// Waits for the daemon to exit (panics past the reply timeout).
     pub fn wait_exit(&mut self) -> ExitStatus {
         wait_exit(&mut self.child, REPLY_TIMEOUT)
     }

@@ -693,6 +693,7 @@ impl Client {
         })
     }
 
+    /// Sends `bytes`; `Gone` if the server closed the connection.
     pub async fn try_send(&mut self, bytes: &[u8]) -> Io<()> {
         self.stream
             .get_mut()
@@ -701,6 +702,7 @@ impl Client {
             .map_err(|_| Gone)
     }
 
+    /// The next line; `Gone` if the server closed the connection first.
     pub async fn try_line(&mut self) -> Io<String> {
         let mut buf = Vec::new();
         let n = tokio::time::timeout(FALLIBLE_LIMIT, self.stream.read_until(b'\n', &mut buf))
@@ -725,6 +727,7 @@ impl Client {
         Ok(buf)
     }
 
+    /// Sends `line` and reads its one-line reply, or `Gone`.
     pub async fn try_cmd(&mut self, line: &str) -> Io<String> {
         self.try_send(format!("{line}\r\n").as_bytes()).await?;
         self.try_line().await

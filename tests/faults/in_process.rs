@@ -20,6 +20,8 @@ pub struct InProcess {
 }
 
 impl InProcess {
+    /// Serves on a loopback port of its own, from this test's process,
+    /// with the Redis at `url` as its store.
     pub async fn start(url: &str) -> InProcess {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -37,6 +39,7 @@ impl InProcess {
         }
     }
 
+    /// A new connection to this server.
     pub async fn client(&self) -> Client {
         Client::connect(self.addr).await
     }

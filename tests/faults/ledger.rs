@@ -61,6 +61,7 @@ pub struct Delivery {
     pub at: Instant,
 }
 
+/// What was sent and what came back, to be checked once the load is over.
 #[derive(Default)]
 pub struct Books {
     /// Every put sent, by body (bodies are unique), with when it was sent.
@@ -117,10 +118,13 @@ pub struct Summary {
 }
 
 impl Ledger {
+    /// The books, locked (a panicking task poisons nothing that matters
+    /// here: its entries are whole).
     pub fn books(&self) -> MutexGuard<'_, Books> {
         self.books.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How many puts were answered `INSERTED` so far.
     pub fn acked_count(&self) -> usize {
         self.books().acked.len()
     }
@@ -188,11 +192,13 @@ impl Ledger {
             }));
     }
 
+    /// How many jobs `worker` has reserved and not yet settled.
     pub fn holding(&self, worker: &str) -> usize {
         let holding = self.holding.lock().unwrap_or_else(PoisonError::into_inner);
         holding.get(worker).copied().unwrap_or(0)
     }
 
+    /// Records how many jobs `worker` holds now.
     pub fn set_holding(&self, worker: &str, n: usize) {
         let mut holding = self.holding.lock().unwrap_or_else(PoisonError::into_inner);
         holding.insert(worker.to_string(), n);

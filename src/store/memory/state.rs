@@ -56,6 +56,7 @@ impl St {
     }
 }
 
+/// A job in the slab.
 pub(super) struct Job {
     /// The job's sequence number: its id unless it has a client-chosen name.
     pub key: u64,
@@ -100,6 +101,7 @@ impl Life {
 }
 
 impl Job {
+    /// The id clients know the job by: its name if it has one.
     pub fn id(&self) -> JobId {
         match &self.name {
             Some(name) => JobId::Client(name.clone()),
@@ -107,6 +109,7 @@ impl Job {
         }
     }
 
+    /// What a reserve or a peek hands out (the body is shared, not copied).
     pub fn body(&self) -> JobBody {
         JobBody {
             id: self.id(),
@@ -195,6 +198,7 @@ impl Job {
     }
 }
 
+/// A tube's jobs by state, and who uses and watches it.
 #[derive(Default)]
 pub(super) struct TubeState {
     /// (priority, key): the first entry is the next job to hand out.
@@ -231,6 +235,7 @@ impl TubeState {
             && self.watching == 0
     }
 
+    /// How many of the tube's jobs are in each state, for `stats-tube`.
     pub fn counts(&self) -> Counts {
         Counts {
             urgent: self.urgent,
@@ -349,6 +354,8 @@ impl State {
             .map(|&s| s as Slot)
     }
 
+    /// Where the job `id` names is, if it exists: a server id does not
+    /// name a job that has a name of its own.
     pub(super) fn slot_of(&self, id: &JobId) -> Option<Slot> {
         match id {
             JobId::Server(n) => self.slot(*n).filter(|&s| self.jobs[s].name.is_none()),

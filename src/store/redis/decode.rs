@@ -28,6 +28,7 @@ pub(super) fn corrupt(what: &str) -> StoreError {
     StoreError::Unavailable(format!("unexpected reply from Redis: {what}"))
 }
 
+/// `v` as a `T`, or an error that says Redis answered what was not expected.
 pub(super) fn parse<T: FromRedisValue>(v: Value) -> StoreResult<T> {
     redis::from_redis_value(v).map_err(|e| corrupt(&e.to_string()))
 }
@@ -44,6 +45,7 @@ pub(super) fn job_id(v: Value) -> StoreResult<JobId> {
     }
 }
 
+/// A tube name the library returned.
 pub(super) fn tube(raw: &str) -> StoreResult<Tube> {
     Tube::parse(raw.as_bytes()).ok_or_else(|| corrupt("tube name"))
 }

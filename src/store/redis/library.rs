@@ -127,6 +127,9 @@ pub(super) struct Library {
 }
 
 impl Library {
+    /// The library as this build writes it: its name carries a hash of its
+    /// source, so processes of different builds sharing a Redis each call
+    /// their own functions.
     pub fn new() -> Library {
         let mut body = format!("{}{PRELUDE}\n", rules_header());
         for kind in [Kind::Puts, Kind::Moves, Kind::Reads] {
