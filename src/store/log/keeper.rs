@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use super::append::spares_needed;
-use super::files::{HEADER, Kind, header, log_path, prepare_spare, snapshot_path, sync_dir};
+use super::files::{HEADER, Kind, header, log_path, prepare_spare, snapshot_path};
 use super::record::{encode, encode_end};
 use super::writer::{Buf, Shared, Spare, wait_while};
 use crate::store::memory::journal::Record;
@@ -255,7 +255,7 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
         shared.wake.notify_all();
     }
     fs::rename(&tmp, snapshot_path(&shared.dir, start))?;
-    sync_dir(&shared.dir)?;
+    shared.dir_file.sync_all()?;
     shared
         .records_migrated
         .fetch_add(records, Ordering::Relaxed);
@@ -303,7 +303,7 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
             fs::remove_file(&path)?;
         }
     }
-    sync_dir(&shared.dir)?;
+    shared.dir_file.sync_all()?;
     keeper.keep_room(shared);
     for path in recycled {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;

@@ -297,6 +297,8 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     let map = (options.policy != SyncPolicy::Always)
         .then(|| writer::Mapped::new(&current, number))
         .flatten();
+    let dir_file =
+        std::fs::File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
     let shared = Arc::new(Shared::new(
         dir.clone(),
         options.policy,
@@ -306,6 +308,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         used,
         files,
         current,
+        dir_file,
     ));
     *shared.head.lock().unwrap_or_else(PoisonError::into_inner) = head_file;
     let mut next_spare = 0;

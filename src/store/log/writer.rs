@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::error;
 
-use super::files::{Head, HeadFile, log_path, sync_dir};
+use super::files::{Head, HeadFile, log_path};
 use crate::metrics::Histogram;
 
 /// When a change counts as safe.
@@ -208,6 +208,10 @@ pub struct Shared {
     pub(super) in_kernel: AtomicU64,
     /// The data directory.
     pub dir: PathBuf,
+    /// The data directory, held open for syncing it: a log file's begin
+    /// must not need a descriptor, which a server holding as many clients
+    /// as its limit allows may not have to spare (the log would fail).
+    pub dir_file: File,
     /// When a change counts as safe.
     pub policy: SyncPolicy,
     /// The size of a log file.
@@ -245,6 +249,7 @@ impl Shared {
         used: u64,
         files: BTreeMap<u64, u64>,
         current: File,
+        dir_file: File,
     ) -> Shared {
         let synced = next_seq - 1;
         Shared {
@@ -283,6 +288,7 @@ impl Shared {
             synced: AtomicU64::new(synced),
             in_kernel: AtomicU64::new(synced),
             dir,
+            dir_file,
             policy,
             file_size,
             file: Mutex::new(Arc::new(current)),
@@ -617,7 +623,10 @@ fn write(
                 spare.file.sync_data().map_err(|e| ("fdatasync", e))?;
                 fs::rename(&spare.path, log_path(&shared.dir, chunk.number))
                     .map_err(|e| ("rename", e))?;
-                sync_dir(&shared.dir).map_err(|e| ("directory sync", e))?;
+                shared
+                    .dir_file
+                    .sync_all()
+                    .map_err(|e| ("directory sync", e))?;
                 *current = Arc::new(spare.file);
                 opened = Some(chunk.number);
                 let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
