@@ -30,6 +30,13 @@ pub struct Config {
     /// Most client connections open at once; one more is refused with
     /// `TOO_MANY_CONNECTIONS` and closed.
     pub max_connections: usize,
+    /// Most descriptors the clients may hold at once, over both front ends:
+    /// a connection (text or HTTP) takes one, and so does the hang-up watch
+    /// of a blocked reserve ([`crate::protocol`]). What the open-file limit
+    /// allows beyond them is kept for delayq's own files: out of
+    /// descriptors, the log could not begin its next file, and a durable
+    /// server would take no more changes until restarted.
+    pub client_files: usize,
     /// The access tokens (`--tokens`); `None`, the default, lets every
     /// client do everything, as beanstalkd does.
     pub tokens: Option<Arc<Tokens>>,
@@ -43,6 +50,7 @@ impl Default for Config {
         Config {
             max_job_size: DEFAULT_MAX_JOB_SIZE,
             max_connections: 100_000,
+            client_files: 100_000,
             tokens: None,
             tls: None,
         }
@@ -341,10 +349,14 @@ impl Settings {
     /// The server's [`Config`], given how many files this process may open.
     ///
     /// Refused connections linger a moment too, each on a file of its own
-    /// (`lingering` of them at most), so the default limit leaves room for
+    /// (`lingering` of them at most on each front end: the text protocol's,
+    /// and `--http`'s when it is on), so the default limit leaves room for
     /// them; a larger limit than the files allow is lowered, with a warning.
     pub fn config(&self, open_files: usize, lingering: usize) -> Config {
-        let allowed = open_files.saturating_sub(OWN_FILES + lingering).max(1);
+        let front_ends = 1 + usize::from(self.http.is_some());
+        let allowed = open_files
+            .saturating_sub(OWN_FILES + front_ends * lingering)
+            .max(1);
         let max_connections = match self.max_connections {
             None => allowed,
             Some(n) if n > allowed => {
@@ -360,6 +372,7 @@ impl Settings {
         Config {
             max_job_size: self.max_job_size,
             max_connections,
+            client_files: allowed,
             tokens: self.tokens.clone(),
             tls: self.tls.clone(),
         }
@@ -490,5 +503,10 @@ mod tests {
         let s = settings(&["--max-connections", "5000"]).unwrap();
         assert_eq!(s.config(1024, 64).max_connections, 896);
         assert_eq!(s.config(10, 64).max_connections, 1);
+        assert_eq!(s.config(1024, 64).client_files, 896);
+        // Each front end's refusals linger on files of their own.
+        let s = settings(&["--http", "127.0.0.1:11380"]).unwrap();
+        assert_eq!(s.config(1024, 64).client_files, 1024 - 64 - 2 * 64);
+        assert_eq!(s.config(1024, 64).max_connections, 832);
     }
 }

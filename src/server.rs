@@ -148,11 +148,11 @@ pub async fn run_with_http<S: Store>(
     control: Control,
 ) {
     let listener = listener.into();
-    let shared = Arc::new(Shared {
-        broker: Broker::new(store),
-        stats: ServerStats::new(control.draining.clone()),
+    let shared = Arc::new(Shared::new(
+        Broker::new(store),
+        ServerStats::new(control.draining.clone()),
         config,
-    });
+    ));
     let tracker = TaskTracker::new();
     if let Some(http) = http {
         let shared = shared.clone();
@@ -251,7 +251,13 @@ impl<S: Store> Admission<S> {
     /// Serves `socket` in a task of its own if the limit allows another
     /// connection, else refuses it.
     fn admit<T: Refusable>(&self, socket: T, peer: Option<SocketAddr>) {
-        let Ok(permit) = self.room.clone().try_acquire_owned() else {
+        let permits = self
+            .room
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .zip(self.shared.client_files.clone().try_acquire_owned().ok());
+        let Some(permit) = permits else {
             debug!(?peer, "connection refused: too many connections");
             refuse(socket, self.refusal, &self.lingering, &self.tracker);
             return;

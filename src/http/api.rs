@@ -264,6 +264,7 @@ async fn run_watching<S: Store>(
 ) -> Reply {
     let started = Instant::now();
     let tokens_on = shared.config.tokens.is_some();
+    let files = shared.client_files.clone();
     let mut session = Session::request(shared, HTTP_CONN, tube);
     if tokens_on {
         let (token, caller) = BEARER.try_with(Clone::clone).unwrap_or_default();
@@ -314,7 +315,7 @@ async fn run_watching<S: Store>(
                 // serving this request, which stays open while the request
                 // is served; it is duplicated at once, and only the
                 // duplicate is kept.
-                HangUp::watch(unsafe { BorrowedFd::borrow_raw(caller.socket) })
+                HangUp::watch(unsafe { BorrowedFd::borrow_raw(caller.socket) }, &files)
             });
             tokio::select! {
                 handed = blocked.handed() => blocked.deliver(&mut session, handed).await,

@@ -101,7 +101,8 @@ pub fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
 /// Serves the HTTP front end on `listener` until `shutdown`.
 ///
 /// At most [`crate::config::Config::max_connections`] HTTP connections are
-/// open at once (a bound of their own, beside the text connections'); one
+/// open at once (a bound of their own, beside the text connections', and
+/// within [`crate::config::Config::client_files`], which both share); one
 /// more is answered 503 `TOO_MANY_CONNECTIONS` and closed, as the text
 /// protocol refuses it, rather than left waiting unanswered in the listen
 /// queue. A client gets [`HEADER_TIMEOUT`] for each request's head.
@@ -119,6 +120,7 @@ pub async fn serve<S: Store>(
     let room = Arc::new(Semaphore::new(
         shared.config.max_connections.min(Semaphore::MAX_PERMITS),
     ));
+    let files = shared.client_files.clone();
     let lingering = Arc::new(Semaphore::new(crate::server::MAX_LINGERING));
     let tls = shared.config.tls.clone();
     let app = router(shared);
@@ -140,7 +142,13 @@ pub async fn serve<S: Store>(
                 continue;
             }
         };
-        let Ok(permit) = room.clone().try_acquire_owned() else {
+        // A descriptor too, from the budget the text connections share.
+        let permits = room
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .zip(files.clone().try_acquire_owned().ok());
+        let Some(permit) = permits else {
             debug!(%peer, "HTTP connection refused: too many connections");
             refuse(socket, tls.is_some(), &lingering, &tracker);
             continue;

@@ -541,7 +541,7 @@ async fn wait<S: Store, T: Transport>(
     let give_up = loop {
         let full = ahead.len() >= READ_AHEAD;
         if full && hangup.is_none() {
-            hangup = HangUp::watch(wire.get_ref().socket());
+            hangup = HangUp::watch(wire.get_ref().socket(), &session.shared.client_files);
         }
         tokio::select! {
             handed = blocked.handed() => {

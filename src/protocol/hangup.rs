@@ -16,26 +16,32 @@
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Watches one socket for its peer's hang-up.
 pub struct HangUp {
     fd: AsyncFd<OwnedFd>,
+    /// The duplicate's place among the descriptors clients may hold.
+    _file: OwnedSemaphorePermit,
 }
 
 impl HangUp {
-    /// Starts watching `socket`; `None` if it cannot be (no descriptor
-    /// left to duplicate it into), in which case the hang-up is seen only
-    /// once the input before it is read.
-    pub fn watch(socket: BorrowedFd<'_>) -> Option<HangUp> {
+    /// Starts watching `socket`, its duplicate taking one of `files` (the
+    /// descriptors clients may hold); `None` if it cannot be (none left),
+    /// in which case the hang-up is seen only once the input before it is
+    /// read.
+    pub fn watch(socket: BorrowedFd<'_>, files: &Arc<Semaphore>) -> Option<HangUp> {
+        let file = files.clone().try_acquire_owned().ok()?;
         let fd = socket.try_clone_to_owned().ok()?;
         // SAFETY: the `OwnedFd` is moved into the `AsyncFd`, which owns it
         // until it is dropped, and always gives the same open descriptor.
         unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
             .ok()
-            .map(|fd| HangUp { fd })
+            .map(|fd| HangUp { fd, _file: file })
     }
 
     /// Resolves once the peer has hung up (or the socket failed).
@@ -82,10 +88,29 @@ mod tests {
         (client.expect("connect"), accepted.expect("accept").0)
     }
 
+    /// Room for one descriptor.
+    fn one() -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(1))
+    }
+
+    #[tokio::test]
+    async fn a_watch_takes_a_descriptor_of_the_clients_budget() {
+        let (_client, server) = pair().await;
+        let files = one();
+        let watch = HangUp::watch(server.as_fd(), &files).expect("a watch");
+        assert_eq!(files.available_permits(), 0);
+        assert!(
+            HangUp::watch(server.as_fd(), &files).is_none(),
+            "a second watch with no descriptor left"
+        );
+        drop(watch);
+        assert_eq!(files.available_permits(), 1, "given back with the watch");
+    }
+
     #[tokio::test]
     async fn a_hang_up_behind_unread_input_is_seen() {
         let (mut client, server) = pair().await;
-        let watch = HangUp::watch(server.as_fd()).expect("a watch");
+        let watch = HangUp::watch(server.as_fd(), &one()).expect("a watch");
         client.write_all(&[b'x'; 100_000]).await.expect("write");
         let quiet = tokio::time::timeout(Duration::from_millis(200), watch.hung_up()).await;
         assert!(quiet.is_err(), "input alone is no hang-up");
@@ -99,7 +124,7 @@ mod tests {
     #[tokio::test]
     async fn a_reset_with_the_buffers_full_is_seen() {
         let (mut client, server) = pair().await;
-        let watch = HangUp::watch(server.as_fd()).expect("a watch");
+        let watch = HangUp::watch(server.as_fd(), &one()).expect("a watch");
         // Until the client can send no more: the server's receive buffer
         // and the client's send buffer are full, so a FIN could not be
         // sent; a client that leaves with unread input resets instead.
@@ -121,7 +146,7 @@ mod tests {
     async fn the_connections_own_reads_are_untouched() {
         use tokio::io::AsyncReadExt;
         let (mut client, mut server) = pair().await;
-        let watch = HangUp::watch(server.as_fd()).expect("a watch");
+        let watch = HangUp::watch(server.as_fd(), &one()).expect("a watch");
         client.write_all(b"first").await.expect("write");
         // The watch sees the input and lets it be.
         let quiet = tokio::time::timeout(Duration::from_millis(100), watch.hung_up()).await;

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use indexmap::IndexSet;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::time::{Instant, Sleep, sleep_until};
 use tracing::{debug, error, warn};
 
@@ -33,6 +33,24 @@ pub struct Shared<S> {
     pub stats: ServerStats,
     /// Settings.
     pub config: Config,
+    /// A permit for each descriptor a client holds
+    /// ([`Config::client_files`]).
+    pub client_files: Arc<Semaphore>,
+}
+
+impl<S> Shared<S> {
+    /// What the server shares, around `broker`.
+    pub fn new(broker: Broker<S>, stats: ServerStats, config: Config) -> Shared<S> {
+        let client_files = Arc::new(Semaphore::new(
+            config.client_files.min(Semaphore::MAX_PERMITS),
+        ));
+        Shared {
+            broker,
+            stats,
+            config,
+            client_files,
+        }
+    }
 }
 
 /// What the connection must do after a command.
@@ -652,11 +670,11 @@ mod tests {
     use crate::store::memory::MemoryStore;
 
     fn shared() -> Arc<Shared<MemoryStore>> {
-        Arc::new(Shared {
-            broker: Broker::new(MemoryStore::new()),
-            stats: ServerStats::new(Arc::default()),
-            config: Config::default(),
-        })
+        Arc::new(Shared::new(
+            Broker::new(MemoryStore::new()),
+            ServerStats::new(Arc::default()),
+            Config::default(),
+        ))
     }
 
     /// A reserve of `tubes` with no timeout, as if its look began now.

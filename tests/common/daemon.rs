@@ -3,6 +3,7 @@
 //! dropped.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -96,6 +97,20 @@ impl Daemon {
         Daemon::spawn(&with_dir, None).await
     }
 
+    /// [`Daemon::durable`] in a process that may open at most `files`
+    /// files (its soft and hard limits both), for a test of what happens
+    /// when the descriptors run out.
+    pub async fn durable_with_open_files(
+        dir: &std::path::Path,
+        args: &[&str],
+        files: u64,
+    ) -> Daemon {
+        let path = dir.to_str().expect("a UTF-8 path");
+        let mut with_dir = vec!["-b", path];
+        with_dir.extend_from_slice(args);
+        Daemon::spawn_limited(&with_dir, None, None, Some(files)).await
+    }
+
     /// [`Daemon::durable`], with the server's standard error written to
     /// `log`, for a test that reads what it says.
     pub async fn durable_logged(
@@ -118,13 +133,40 @@ impl Daemon {
         dir: Option<tempfile::TempDir>,
         log: Option<&std::path::Path>,
     ) -> Daemon {
+        Daemon::spawn_limited(args, dir, log, None).await
+    }
+
+    async fn spawn_limited(
+        args: &[&str],
+        dir: Option<tempfile::TempDir>,
+        log: Option<&std::path::Path>,
+        open_files: Option<u64>,
+    ) -> Daemon {
         let mut dir = dir;
         // Another test may take the free port first: then try another.
         let mut exited = None;
         for _ in 0..5 {
             let port = free_port();
             let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-            let child = Command::new(BIN)
+            let mut command = Command::new(BIN);
+            if let Some(files) = open_files {
+                let limit = libc::rlimit {
+                    rlim_cur: files,
+                    rlim_max: files,
+                };
+                // SAFETY: between fork and exec the closure only calls
+                // setrlimit, which is async-signal-safe, on a struct it owns.
+                unsafe {
+                    command.pre_exec(move || {
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                            Ok(())
+                        } else {
+                            Err(std::io::Error::last_os_error())
+                        }
+                    });
+                }
+            }
+            let child = command
                 .args(["-l", "127.0.0.1", "-p", &port.to_string()])
                 .args(args)
                 .stdin(Stdio::null())

@@ -1,7 +1,8 @@
 //! The durable embedded engine on real processes and real files: restarts
 //! after SIGKILL (and a second one right after the recovery), torn tails at
 //! every byte of the last record, a flipped byte, the directory's lock, a
-//! disk that really fills (a small tmpfs), and kills while compaction runs.
+//! disk that really fills (a small tmpfs), kills while compaction runs, and
+//! clients holding every descriptor they may.
 //!
 //! The ledger tests under load (SIGKILL ten times in a row) are in
 //! `tests/faults`, shared with the Redis engine.
@@ -10,6 +11,7 @@
 mod common;
 
 mod damage;
+mod descriptors;
 mod disk;
 mod failure;
 mod missing;
