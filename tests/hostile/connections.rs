@@ -16,6 +16,7 @@ use crate::common::{Backend, Client, TestServer, Yaml};
 
 backend_tests!(
     beyond_max_connections_a_client_is_refused_politely,
+    connections_and_hang_up_watches_share_one_budget_of_descriptors,
     ten_thousand_connections_at_once,
     a_connection_watching_many_tubes_closes_without_holding_up_others,
 );
@@ -153,6 +154,80 @@ async fn beyond_max_connections_a_client_is_refused_politely(backend: Backend) {
     assert_eq!(extra.line().await, "TOO_MANY_CONNECTIONS");
     let stats = held[0].stats().await;
     assert_eq!(stats.num("current-connections"), limit as u64);
+}
+
+/// Text connections, HTTP connections and the hang-up watches of a
+/// blocked reserve and a long-poll (a second descriptor each) draw on one
+/// budget of descriptors, whatever `--max-connections` allows: unbounded,
+/// they once used up the descriptors delayq needs for its own files.
+async fn connections_and_hang_up_watches_share_one_budget_of_descriptors(backend: Backend) {
+    let config = Config {
+        max_connections: 100,
+        client_files: 5,
+        ..Config::default()
+    };
+    let server = TestServer::start_full(backend, config, true).await;
+    let http = server.http.expect("an HTTP port");
+    // Opened first, so that watching the others takes no descriptor they
+    // could want. One.
+    let mut observer = server.client().await;
+    // A reserve with more pipelined behind it than the server reads ahead:
+    // watched for its hang-up through a descriptor of its own. Three.
+    let mut blocked = server.client().await;
+    let mut greeting = b"reserve\r\n".to_vec();
+    greeting.extend(std::iter::repeat_n(b'x', 70_000));
+    blocked.send(&greeting).await;
+    // A long-poll, watched the same way. Five.
+    let mut poll = TcpStream::connect(http).await.expect("connect to HTTP");
+    poll.write_all(
+        b"POST /v1/tubes/idle/reserve?timeout=60 HTTP/1.1\r\n\
+          Host: delayq\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await
+    .expect("send a long-poll");
+    observer.wait_stat("current-waiting", 2).await;
+    // A watch that finds the budget used up is not made (the hang-up is
+    // then seen once the input before it is read): no other connection
+    // may come before both are, and each is made just after its reserve
+    // blocks, once the input ahead is read.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut late = server.client().await;
+    late.send_line("list-tube-used").await;
+    assert_eq!(late.line().await, "TOO_MANY_CONNECTIONS");
+    // Over HTTP too, though far below --max-connections there.
+    let mut late = TcpStream::connect(http).await.expect("connect to HTTP");
+    late.write_all(b"GET /v1/stats HTTP/1.1\r\nHost: delayq\r\n\r\n")
+        .await
+        .expect("send a request");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), late.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503") && answer.contains("TOO_MANY_CONNECTIONS"),
+        "{answer}"
+    );
+    // The blocked client leaves: its connection and its watch are given
+    // back, and two new connections are served.
+    drop(blocked);
+    crate::eventually(
+        "the departed client's descriptors given back",
+        Duration::from_secs(5),
+        async || {
+            let mut two = [server.client().await, server.client().await];
+            let mut served = true;
+            for c in &mut two {
+                c.send_line("list-tube-used").await;
+                match c.line().await.as_str() {
+                    "USING default" => {}
+                    "TOO_MANY_CONNECTIONS" => served = false,
+                    other => panic!("unexpected reply {other:?}"),
+                }
+            }
+            served
+        },
+    )
+    .await;
+    drop((observer, poll));
 }
 
 /// `stats`, asked again while it is answered `INTERNAL_ERROR`: on Redis,
