@@ -32,7 +32,7 @@ pub struct Config {
     pub max_connections: usize,
     /// Most descriptors the clients may hold at once, over both front ends:
     /// a connection (text or HTTP) takes one, and so does the hang-up watch
-    /// of a blocked reserve ([`crate::protocol`]). What the open-file limit
+    /// of a blocked reserve or an HTTP long-poll. What the open-file limit
     /// allows beyond them is kept for delayq's own files: out of
     /// descriptors, the log could not begin its next file, and a durable
     /// server would take no more changes until restarted.
