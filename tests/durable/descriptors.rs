@@ -60,6 +60,8 @@ async fn clients_using_every_descriptor_leave_the_log_its_files() {
         "TOO_MANY_CONNECTIONS",
         "the crowd was meant to use up what clients may hold"
     );
+    // The connections before it are all taken; their watches are made once
+    // the input ahead of each is read, a moment later.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Enough 2,000-byte jobs to begin about ten log files.
