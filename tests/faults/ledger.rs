@@ -2,7 +2,7 @@
 //! `DELETED`, and the delivery guarantees checked against it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -93,6 +93,10 @@ pub struct Ledger {
     holding: Mutex<HashMap<String, usize>>,
     /// Set once every producer has finished: workers then drain and stop.
     pub done: AtomicBool,
+    /// Windows of puts sent and not yet all answered (nor cut off), over
+    /// every producer: a fault dealt while this is above zero catches puts
+    /// awaiting their replies.
+    awaiting: AtomicUsize,
     /// The last fault a test dealt a process, and when.
     fault: Mutex<Option<(Instant, Fault)>>,
 }
@@ -192,7 +196,22 @@ impl Ledger {
             }));
     }
 
-    /// How many jobs `worker` has reserved and not yet settled.
+    /// How many windows of puts await their replies now.
+    pub fn awaiting(&self) -> usize {
+        self.awaiting.load(Ordering::SeqCst)
+    }
+
+    /// A producer sent a window of puts (and took the time it was sent).
+    pub fn window_sent(&self) {
+        self.awaiting.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A window [`Ledger::window_sent`] counted is answered or cut off.
+    pub fn window_settled(&self) {
+        self.awaiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// How many jobs `worker` holds now.
     pub fn holding(&self, worker: &str) -> usize {
         let holding = self.holding.lock().unwrap_or_else(PoisonError::into_inner);
         holding.get(worker).copied().unwrap_or(0)

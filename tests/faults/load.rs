@@ -106,6 +106,12 @@ pub async fn produce(
         let mut answered = 0;
         let mut died = c.try_send(&msg).await.is_err();
         let sent = Instant::now();
+        // Counted only once `sent` is taken, so that a fault dealt while
+        // the count shows it finds the window sent before it.
+        let counted = !died;
+        if counted {
+            ledger.window_sent();
+        }
         let mut refused = false;
         while !died && answered < chunk.len() {
             match c.try_line().await {
@@ -129,6 +135,9 @@ pub async fn produce(
                 }
                 Err(Gone) => died = true,
             }
+        }
+        if counted {
+            ledger.window_settled();
         }
         if refused && !died {
             // Wait for Redis to come back rather than spend every job on it.
@@ -289,11 +298,22 @@ async fn delete_oldest(
 
 /// Waits until `ok` holds, polling; panics after `limit`.
 pub async fn wait_until(what: &str, limit: Duration, ok: impl Fn() -> bool) {
+    assert!(
+        wait_at_most(limit, ok).await,
+        "{what}: not within {limit:?}"
+    );
+}
+
+/// Polls `ok` until it holds, for at most `limit`; says whether it held.
+pub async fn wait_at_most(limit: Duration, ok: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     while !ok() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        if start.elapsed() >= limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    true
 }
 
 /// Awaits a role's task, failing the test if it panicked or overran. An

@@ -12,7 +12,7 @@ use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::conn::figure;
 use crate::ledger::{Fault, Ledger, Summary};
-use crate::load::{job, join, produce, wait_until, work};
+use crate::load::{job, join, produce, wait_at_most, wait_until, work};
 
 /// Where a test's delayq processes keep their jobs, so that a new process
 /// can be started on them after a kill.
@@ -124,6 +124,14 @@ pub async fn killed_and_restarted(
 
     for k in 1..=kills {
         fault_moment(&ledger, k, kills, jobs).await;
+        if window > 1 {
+            // Flooding producers are meant to be caught awaiting replies, so
+            // the kill waits a little for a moment when some are. Left to
+            // chance, no kill of one CI run on a loaded machine caught any.
+            // Not longer: the worker should still hold its job, and the
+            // producers may have run out of puts.
+            wait_at_most(Duration::from_secs(1), || ledger.awaiting() > 0).await;
+        }
         ledger.fault(keeper.fault());
         daemon.kill();
         daemon = keeper.start().await;
