@@ -124,10 +124,13 @@ async fn a_wrong_token_is_slowed_down_and_logged(backend: Backend) {
         "the second waits longer: {took:?}"
     );
     assert_eq!(c.cmd("stats").await, "UNAUTHORIZED");
-    // A right token is answered at once, and resets the count.
+    // A right token is answered at once, and resets the count: not held
+    // for the 400 ms a third failure would wait (a bound with room for a
+    // loaded machine, where a durable backend's sync alone can take tens of
+    // milliseconds).
     let (reply, took) = timed(c.cmd("auth prod-secret")).await;
     assert_eq!(reply, "AUTHENTICATED");
-    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert!(took < Duration::from_millis(400), "{took:?}");
     let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
     assert!(text.contains("authentication failed"), "{text}");
     assert!(!text.contains("guessed"), "a token is never logged: {text}");
@@ -389,13 +392,14 @@ async fn a_wrong_token_on_a_json_command_runs_nothing(backend: Backend) {
     assert!(took >= Duration::from_millis(100), "{took:?}");
     assert_eq!(root.stats_job(id).await.get("state"), "ready");
     assert_eq!(c.cmd("stats").await, "UNAUTHORIZED");
-    // A right token afterwards works at once.
+    // A right token afterwards works at once: not held for the 200 ms a
+    // second failure would wait.
     let (reply, took) = timed(c.json(&json!({
         "command": "delete", "id": id.to_string(), "token": "root-secret"
     })))
     .await;
     assert_eq!(reply["success"], Value::Bool(true), "{reply}");
-    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert!(took < Duration::from_millis(200), "{took:?}");
     assert_eq!(root.cmd(&format!("peek {id}")).await, "NOT_FOUND");
 }
 
