@@ -2,6 +2,7 @@
 //! [`delayq::server::run`]; or, given a subcommand, the admin client
 //! [`delayq::cli::run`].
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
@@ -38,9 +39,13 @@ fn main() -> ExitCode {
     // rediss:// URLs use rustls; pick its crypto once for the process. An
     // error only means a provider was installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Colours only for someone at a terminal: a journal, a log file or a
+    // container's log would keep the escape codes as text.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| DEFAULT_LOG.into()))
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
     let settings = match flags.settings() {
         Ok(settings) => settings,

@@ -269,6 +269,10 @@ async fn a_second_process_on_one_directory_is_refused() {
         stderr.contains("in use by another delayq process"),
         "{stderr}"
     );
+    assert!(
+        !stderr.contains('\x1b'),
+        "terminal colours in a log that is not a terminal: {stderr:?}"
+    );
     let mut c = first.client().await;
     c.put_ok(0, 0, 60, b"still here").await;
 }
