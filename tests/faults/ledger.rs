@@ -211,7 +211,7 @@ impl Ledger {
         self.awaiting.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// How many jobs `worker` holds now.
+    /// How many jobs `worker` has reserved and not yet settled.
     pub fn holding(&self, worker: &str) -> usize {
         let holding = self.holding.lock().unwrap_or_else(PoisonError::into_inner);
         holding.get(worker).copied().unwrap_or(0)
