@@ -189,6 +189,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         );
     }
     let mut state = State::new();
+    state.begin_replay();
     let started = std::time::Instant::now();
     let got = recovery::recover(&listing, &mut state, options.salvage)?;
     state.replayed(clock.now());

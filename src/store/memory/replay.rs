@@ -8,12 +8,14 @@
 //! records written since the snapshot began are replayed on top of it and
 //! bring every job to its last state, whichever version the snapshot caught.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::journal::{JobImage, Meta, Record, Stored};
-use super::state::{Job, Life, NO_CONN, Slot, St, State};
+use super::state::{Job, Life, NO_CONN, Slot, St, State, TubeState};
 use crate::clock::Micros;
 use crate::names::Tube;
+use crate::rules::is_urgent;
 
 /// The live state of a kept state: a job reserved when the log was written
 /// is ready now (whoever held it is gone), and the try its reserve counted
@@ -38,6 +40,77 @@ pub enum Applied {
 }
 
 impl State {
+    /// Starts a replay into this (empty) state: see [`State::replaying`].
+    pub fn begin_replay(&mut self) {
+        self.replaying = true;
+    }
+
+    /// Ends a replay: builds every tube's indexes by state, the tubes'
+    /// places in `soonest` and the expiries from the jobs in the pool.
+    fn index_replayed(&mut self) {
+        self.replaying = false;
+        self.replay_tube = None;
+        #[derive(Default)]
+        struct Entries {
+            ready: Vec<(u32, u64)>,
+            delayed: Vec<(Micros, u64)>,
+            buried: Vec<(u64, u64)>,
+            urgent: u64,
+        }
+        let mut by_tube: Vec<Entries> = Vec::new();
+        by_tube.resize_with(self.tubes.len(), Entries::default);
+        let mut expiries = Vec::new();
+        // Jobs come in runs of one tube: the last tube's place saves a
+        // hash of its name per job.
+        let mut last: Option<(Tube, usize)> = None;
+        for (_, job) in &self.jobs {
+            let at = match &last {
+                Some((tube, at)) if *tube == job.tube => *at,
+                _ => {
+                    let at = self
+                        .tubes
+                        .get_index_of(&job.tube)
+                        .expect("a job's tube exists");
+                    last = Some((job.tube.clone(), at));
+                    at
+                }
+            };
+            let entries = &mut by_tube[at];
+            match job.state {
+                St::Ready => {
+                    entries.ready.push((job.pri, job.key));
+                    entries.urgent += u64::from(is_urgent(job.pri));
+                }
+                St::Delayed { due } => entries.delayed.push((due, job.key)),
+                St::Buried { seq } => entries.buried.push((seq, job.key)),
+                // A replay makes reserved jobs ready (see `live`).
+                St::Reserved { .. } => unreachable!("a replayed job is never reserved"),
+            }
+            if let Some(at) = job.expiry() {
+                expiries.push((at, job.key));
+            }
+        }
+        // Sorted here (the entries are unique, so an unstable sort does, at
+        // half the cost of the stable one `from_iter` makes), and built into
+        // trees bottom up by `from_iter`, which finds them in order.
+        fn tree<T: Ord>(mut entries: Vec<T>) -> BTreeSet<T> {
+            entries.sort_unstable();
+            entries.into_iter().collect()
+        }
+        for (at, entries) in by_tube.into_iter().enumerate() {
+            let (tube, ts) = self.tubes.get_index_mut(at).expect("an index in range");
+            ts.ready = tree(entries.ready);
+            ts.delayed = tree(entries.delayed);
+            ts.buried = tree(entries.buried);
+            ts.urgent = entries.urgent;
+            if let Some(&(due, _)) = ts.delayed.first() {
+                ts.listed = Some(due);
+                self.soonest.insert((due, tube.clone()));
+            }
+        }
+        self.expiries = tree(expiries);
+    }
+
     /// Applies one record of a log or snapshot.
     pub fn apply(&mut self, record: Record<'_>) -> Applied {
         match record {
@@ -90,11 +163,18 @@ impl State {
     fn apply_job(&mut self, image: &JobImage<'_>) -> Applied {
         // The tube's name is shared by its jobs, not kept once a job: a
         // million jobs would otherwise hold a million copies of it.
-        let tube = match self.tubes.get_key_value(image.tube) {
-            Some((tube, _)) => tube.clone(),
-            None => match Tube::parse(image.tube.as_bytes()) {
-                Some(tube) => tube,
-                None => return Applied::Invalid,
+        // Its place in `tubes` is kept too: the discards below forget no
+        // tube, so it holds, and the name is hashed once.
+        let (at, tube) = match &self.replay_tube {
+            Some((at, tube)) if self.replaying && tube.as_str() == image.tube => {
+                (Some(*at), tube.clone())
+            }
+            _ => match self.tubes.get_full(image.tube) {
+                Some((at, tube, _)) => (Some(at), tube.clone()),
+                None => match Tube::parse(image.tube.as_bytes()) {
+                    Some(tube) => (None, tube),
+                    None => return Applied::Invalid,
+                },
             },
         };
         let name: Option<Arc<str>> = match image.name {
@@ -105,7 +185,13 @@ impl State {
             None => None,
         };
         let key = image.meta.key;
-        let known = self.slot(key);
+        // Every job in the pool has a key below `next_key`: a put's record
+        // (most of a log) needs no look for the job it would replace.
+        let known = if key < self.next_key {
+            self.slot(key)
+        } else {
+            None
+        };
         if let Some(slot) = known {
             self.discard(slot);
         }
@@ -113,7 +199,14 @@ impl State {
             self.discard(slot);
         }
         self.next_key = self.next_key.max(key + 1);
-        let ts = self.tubes.entry(tube.clone()).or_default();
+        let at = match at {
+            Some(at) => at,
+            None => self.tubes.insert_full(tube.clone(), TubeState::default()).0,
+        };
+        if self.replaying {
+            self.replay_tube = Some((at, tube.clone()));
+        }
+        let ts = &mut self.tubes[at];
         if known.is_none() {
             ts.total_jobs += 1;
             self.total_jobs += 1;
@@ -169,6 +262,9 @@ impl State {
     /// server was down. `total-jobs` counts the jobs created by this
     /// process, as beanstalkd's does after it reads its binlog back.
     pub fn replayed(&mut self, now: Micros) {
+        if self.replaying {
+            self.index_replayed();
+        }
         // Pauses that went in the replay were ended in the log already.
         self.unpaused.clear();
         self.total_jobs = 0;
@@ -247,5 +343,140 @@ impl State {
             next_key: self.next_key,
             bury_seq: self.bury_seq,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::job::{JobCounters, Lifecycle};
+    use crate::store::memory::journal::{Meta, Round};
+
+    /// A small deterministic generator (xorshift), so that a failure
+    /// replays the same.
+    struct Dice(u64);
+
+    impl Dice {
+        fn roll(&mut self, below: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % below
+        }
+    }
+
+    fn stored(dice: &mut Dice) -> Stored {
+        match dice.roll(4) {
+            0 => Stored::Ready,
+            1 => Stored::Delayed(1_000_000 + dice.roll(50) * 1_000),
+            2 => Stored::Reserved,
+            _ => Stored::Buried(dice.roll(1_000)),
+        }
+    }
+
+    fn meta(dice: &mut Dice, key: u64) -> Meta {
+        Meta {
+            key,
+            // Either side of the urgent line (1024), with ties.
+            pri: [0, 7, 1023, 1024, 5000][dice.roll(5) as usize],
+            delay: 0,
+            state: stored(dice),
+            counters: JobCounters::default(),
+            round: Round::default(),
+        }
+    }
+
+    /// The indexes a state keeps, as comparable values.
+    fn indexes(s: &State) -> Vec<String> {
+        let mut out: Vec<String> = s
+            .tubes
+            .iter()
+            .map(|(tube, ts)| {
+                format!(
+                    "{tube:?} ready {:?} delayed {:?} buried {:?} urgent {} listed {:?} pause {:?}",
+                    ts.ready, ts.delayed, ts.buried, ts.urgent, ts.listed, ts.pause
+                )
+            })
+            .collect();
+        out.sort();
+        out.push(format!("soonest {:?}", s.soonest));
+        out.push(format!("expiries {:?}", s.expiries));
+        out.push(format!("next {} bury {}", s.next_key, s.bury_seq));
+        out
+    }
+
+    /// A replay that builds the indexes at its end leaves them exactly as
+    /// one that keeps them up record by record: every state, priorities
+    /// either side of the urgent line, jobs replaced, changed and deleted
+    /// (whole tubes emptied), times to live.
+    #[test]
+    fn indexes_built_at_the_end_match_those_kept_as_records_come() {
+        for seed in 1..40u64 {
+            let mut dice = Dice(seed * 0x9e37_79b9_7f4a_7c15);
+            let tubes = ["default", "mail", "orders", "refunds"];
+            let bodies: Vec<Vec<u8>> = (0..4).map(|n| vec![n; n as usize]).collect();
+            let mut records = Vec::new();
+            let mut next = 1u64;
+            for _ in 0..400 {
+                match dice.roll(10) {
+                    0..5 => {
+                        let options = if dice.roll(3) == 0 {
+                            Lifecycle {
+                                ttl: Some(Duration::from_secs(dice.roll(100) + 1)),
+                                ..Lifecycle::default()
+                            }
+                        } else {
+                            Lifecycle::default()
+                        };
+                        // A put, now and then the same job again (a
+                        // snapshot's copy of it).
+                        let key = if next > 1 && dice.roll(8) == 0 {
+                            1 + dice.roll(next - 1)
+                        } else {
+                            next += 1;
+                            next - 1
+                        };
+                        records.push((
+                            key,
+                            Some((tubes[dice.roll(4) as usize], dice.roll(4) as usize, options)),
+                        ));
+                    }
+                    5..8 => records.push((1 + dice.roll(next), None)),
+                    _ => records.push((u64::MAX - 1 - dice.roll(next), None)),
+                }
+            }
+            let replay = |defer: bool| {
+                let mut dice = Dice(seed);
+                let mut s = State::new();
+                if defer {
+                    s.begin_replay();
+                }
+                for (key, job) in &records {
+                    let record = match job {
+                        Some((tube, body, options)) => Record::Job(JobImage {
+                            meta: meta(&mut dice, *key),
+                            name: None,
+                            tube,
+                            ttr: 1_000_000,
+                            created: 5_000_000,
+                            body: &bodies[*body],
+                            options: *options,
+                        }),
+                        // A change of a job's state, or its delete (keys
+                        // counted down from the top stand for deletes).
+                        None if *key < u64::MAX / 2 => Record::Meta(meta(&mut dice, *key)),
+                        None => Record::Delete(u64::MAX - 1 - key),
+                    };
+                    assert_eq!(s.apply(record), Applied::Done);
+                }
+                s.replayed(2_000_000);
+                s
+            };
+            let (kept, built) = (replay(false), replay(true));
+            assert_eq!(indexes(&built), indexes(&kept), "seed {seed}");
+            assert!(!built.replaying && built.replay_tube.is_none());
+        }
     }
 }
