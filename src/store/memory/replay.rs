@@ -414,7 +414,7 @@ mod tests {
     #[test]
     fn indexes_built_at_the_end_match_those_kept_as_records_come() {
         for seed in 1..40u64 {
-            let mut dice = Dice(seed * 0x9e37_79b9_7f4a_7c15);
+            let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let tubes = ["default", "mail", "orders", "refunds"];
             let bodies: Vec<Vec<u8>> = (0..4).map(|n| vec![n; n as usize]).collect();
             let mut records = Vec::new();
