@@ -45,7 +45,10 @@ impl State {
                     state,
                     pri: job.pri,
                     age: span(now.saturating_sub(job.created)),
-                    put_at: None,
+                    // The engine's clock is the wall clock: its put time
+                    // goes out exact, not counted back from `age` at the
+                    // later moment the line is written.
+                    put_at: Some(std::time::UNIX_EPOCH + Duration::from_micros(job.created)),
                     delay: span(job.delay),
                     time_left: span(time_left),
                     bury_order,

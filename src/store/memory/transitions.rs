@@ -104,7 +104,13 @@ impl State {
         now: Micros,
         log: &mut impl Journal,
     ) -> StoreResult<PutOutcome> {
-        let created = now.saturating_sub(micros(whole.age));
+        // Its put time as the line gave it, where it did: counted back from
+        // `age`, it moved by however long the line waited between its
+        // parsing and this (a millisecond or more on a busy server).
+        let created = whole
+            .put_at
+            .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or_else(|| now.saturating_sub(micros(whole.age)), micros);
         // A server id keeps its number unless a put of this store may have
         // handed it out (that job's id, gone or not: a client may still
         // hold it). Every key below `next_key` may have been, except those
@@ -886,5 +892,51 @@ impl State {
             }
         }
         self.forget_if_unused(tube);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::job::{ExportCursor, JobCounters, JobState, Lifecycle, WholeJob};
+    use crate::store::memory::journal::Volatile;
+
+    /// A job moved keeps its put time exact, however long its line waited
+    /// before the import ran or the export was written (counted back from
+    /// its age, it moved by that wait: a millisecond under load).
+    #[test]
+    fn a_moved_job_keeps_its_put_time_exact() {
+        let put: Micros = 1_767_225_600_123_000;
+        let at = UNIX_EPOCH + Duration::from_micros(put);
+        let whole = WholeJob {
+            id: JobId::Client("order-close:4711".into()),
+            tube: Tube::parse(b"orders").expect("a tube"),
+            state: JobState::Ready,
+            pri: 1,
+            // As the line's reader counted it, 1 s after the put.
+            age: Duration::from_secs(1),
+            put_at: Some(at),
+            delay: Duration::ZERO,
+            time_left: Duration::ZERO,
+            bury_order: 0,
+            ttr: Duration::from_secs(1),
+            counters: JobCounters::default(),
+            options: Lifecycle::default(),
+            tries: 0,
+            dead: false,
+            body: Bytes::from_static(b"x"),
+        };
+        let mut state = State::new();
+        // The import runs 5 ms after the line was read.
+        let now = put + 1_005_000;
+        state.import(whole, now, &mut Volatile).expect("imported");
+        let page = state.export(ExportCursor::default(), 10, now + 7_000);
+        assert_eq!(page.jobs.len(), 1);
+        assert_eq!(page.jobs[0].put_at, Some(at));
+        assert_eq!(page.jobs[0].age, Duration::from_millis(1_012));
     }
 }
