@@ -15,7 +15,7 @@ use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use super::files::{HEADER, Head, Kind, header};
-use super::record::{DELETE_LEN, encode_sized, encoded_len, weight, weight_sized};
+use super::record::{DELETE_LEN, encode_sized, encoded_len, weight};
 use super::writer::{Buf, Chunk, Shared};
 use crate::error::{StoreError, StoreResult};
 use crate::store::memory::journal::{JobImage, Journal, Record, Written};
@@ -156,7 +156,7 @@ impl<'a> Appender<'a> {
         if let (Class::Put, Record::Job(job)) = (class, record) {
             b.next_key = b.next_key.max(job.meta.key + 1);
             b.live_jobs += 1;
-            b.live_bytes += weight_sized(job, length) as u64;
+            b.live_bytes += weight(job) as u64;
             if b.spares.len() < spares_needed(b, size) {
                 shared.chores.notify_one();
             }
