@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::journal::{JobImage, Meta, Record, Stored};
-use super::state::{Job, Life, NO_CONN, Slot, St, State, TubeState};
+use super::state::{Job, Life, NO_CONN, Replay, Slot, St, State, TubeState};
 use crate::clock::Micros;
 use crate::names::Tube;
 use crate::rules::is_urgent;
@@ -40,16 +40,15 @@ pub enum Applied {
 }
 
 impl State {
-    /// Starts a replay into this (empty) state: see [`State::replaying`].
+    /// Starts a replay into this (empty) state: see [`State::replay`].
     pub fn begin_replay(&mut self) {
-        self.replaying = true;
+        self.replay = Some(Replay::default());
     }
 
     /// Ends a replay: builds every tube's indexes by state, the tubes'
     /// places in `soonest` and the expiries from the jobs in the pool.
     fn index_replayed(&mut self) {
-        self.replaying = false;
-        self.replay_tube = None;
+        self.replay = None;
         #[derive(Default)]
         struct Entries {
             ready: Vec<(u32, u64)>,
@@ -165,10 +164,9 @@ impl State {
         // million jobs would otherwise hold a million copies of it.
         // Its place in `tubes` is kept too: the discards below forget no
         // tube, so it holds, and the name is hashed once.
-        let (at, tube) = match &self.replay_tube {
-            Some((at, tube)) if self.replaying && tube.as_str() == image.tube => {
-                (Some(*at), tube.clone())
-            }
+        let last = self.replay.as_ref().and_then(|r| r.last_tube.as_ref());
+        let (at, tube) = match last {
+            Some((at, tube)) if tube.as_str() == image.tube => (Some(*at), tube.clone()),
             _ => match self.tubes.get_full(image.tube) {
                 Some((at, tube, _)) => (Some(at), tube.clone()),
                 None => match Tube::parse(image.tube.as_bytes()) {
@@ -203,8 +201,8 @@ impl State {
             Some(at) => at,
             None => self.tubes.insert_full(tube.clone(), TubeState::default()).0,
         };
-        if self.replaying {
-            self.replay_tube = Some((at, tube.clone()));
+        if let Some(replay) = &mut self.replay {
+            replay.last_tube = Some((at, tube.clone()));
         }
         let ts = &mut self.tubes[at];
         if known.is_none() {
@@ -262,7 +260,7 @@ impl State {
     /// server was down. `total-jobs` counts the jobs created by this
     /// process, as beanstalkd's does after it reads its binlog back.
     pub fn replayed(&mut self, now: Micros) {
-        if self.replaying {
+        if self.replay.is_some() {
             self.index_replayed();
         }
         // Pauses that went in the replay were ended in the log already.
@@ -476,7 +474,7 @@ mod tests {
             };
             let (kept, built) = (replay(false), replay(true));
             assert_eq!(indexes(&built), indexes(&kept), "seed {seed}");
-            assert!(!built.replaying && built.replay_tube.is_none());
+            assert!(built.replay.is_none());
         }
     }
 }

@@ -309,12 +309,16 @@ pub struct State {
     /// back one at a time into ordered sets cost a third of a restart
     /// (random inserts, each a walk of cold tree nodes); sorted and built
     /// in one go they cost a small part of that.
-    pub(super) replaying: bool,
-    /// While replaying: the tube of the last job read back and its place
-    /// in `tubes` (no tube goes while replaying, so the place holds). Jobs
-    /// come in runs of one tube, and looking its name up took a tenth of
-    /// a restart.
-    pub(super) replay_tube: Option<(usize, Tube)>,
+    pub(super) replay: Option<Replay>,
+}
+
+/// What a replay keeps while it runs.
+#[derive(Default)]
+pub(super) struct Replay {
+    /// The tube of the last job read back and its place in `tubes` (no
+    /// tube goes while replaying, so the place holds). Jobs come in runs
+    /// of one tube, and looking its name up took a tenth of a restart.
+    pub last_tube: Option<(usize, Tube)>,
 }
 
 impl Default for State {
@@ -351,8 +355,7 @@ impl State {
             schedules: BTreeMap::new(),
             total_jobs: 0,
             timeouts: 0,
-            replaying: false,
-            replay_tube: None,
+            replay: None,
         }
     }
 
@@ -401,7 +404,7 @@ impl State {
     /// by `link` straight after.
     pub(super) fn insert(&mut self, job: Job) -> Slot {
         let key = job.key;
-        if let Some(at) = job.expiry().filter(|_| !self.replaying) {
+        if let Some(at) = job.expiry().filter(|_| self.replay.is_none()) {
             self.expiries.insert((at, key));
         }
         let name = job.name.clone();
@@ -421,7 +424,7 @@ impl State {
     /// Takes an unlinked job out of the pool (and its name out of the names).
     fn take(&mut self, slot: Slot) -> Job {
         let key = self.jobs[slot].key;
-        if let Some(at) = self.jobs[slot].expiry().filter(|_| !self.replaying) {
+        if let Some(at) = self.jobs[slot].expiry().filter(|_| self.replay.is_none()) {
             self.expiries.remove(&(at, key));
         }
         let hash = self.hash(key);
@@ -456,7 +459,7 @@ impl State {
 
     /// Takes a job out of the index of its current state (not out of the pool).
     pub(super) fn unlink(&mut self, slot: Slot) {
-        if self.replaying {
+        if self.replay.is_some() {
             return;
         }
         let job = &self.jobs[slot];
@@ -491,7 +494,7 @@ impl State {
     pub(super) fn link(&mut self, slot: Slot, st: St, conn: ConnId) {
         let job = &mut self.jobs[slot];
         job.state = st;
-        if self.replaying {
+        if self.replay.is_some() {
             return;
         }
         let key = job.key;
@@ -581,7 +584,7 @@ impl State {
     pub(super) fn forget_if_unused(&mut self, tube: &Tube) {
         // While replaying, the indexes that tell whether a tube holds jobs
         // are not built yet; the end of the replay forgets what is unused.
-        if tube.as_str() == "default" || self.replaying {
+        if tube.as_str() == "default" || self.replay.is_some() {
             return;
         }
         if let Some(ts) = self.tubes.get(tube).filter(|ts| ts.unused()) {
