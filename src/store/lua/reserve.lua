@@ -12,7 +12,14 @@ OPS.reserve = function(owner, tubes)
     if paused(tube) then return false end
     if rate_used_up(tube) then return 0 end
     local key = redis.call('ZPOPMIN', tube_key('ready', tube))[1]
-    if key == nil then return false end
+    if key == nil then
+      -- So that the caller's process, which looked here because it took
+      -- this tube to have a job, learns there is none (another process
+      -- took it, which tells nobody): kept, that stale news sent every
+      -- later reserve of the process here first, to find nothing again.
+      touched[tube] = true
+      return false
+    end
     count_reserve(tube)
     return reserve_key(key, load(key), owner, true)
   end
@@ -28,6 +35,9 @@ OPS.reserve = function(owner, tubes)
         if best_key == nil or pri < best_pri or (pri == best_pri and first[1] < best_key) then
           best_key, best_pri = first[1], pri
         end
+      else
+        -- None here, as above.
+        touched[tube] = true
       end
     end
   end

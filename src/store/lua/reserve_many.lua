@@ -24,7 +24,12 @@ OPS.reserve_many = function(owner, tubes, most, upto)
       keys = redis.call('ZRANGE', ready, '-inf', upto, 'BYSCORE', 'LIMIT', 0, most)
       if #keys > 0 then redis.call('ZREM', ready, unpack(keys)) end
     end
-    if #keys == 0 then return {} end
+    if #keys == 0 then
+      -- None here (or none as urgent as asked): the caller's process
+      -- learns what this shard's first is, as after `reserve`.
+      touched[tube] = true
+      return {}
+    end
     local raws = redis.call('HMGET', P .. 'jobs', unpack(keys))
     local out, deadlines, saved, first = {}, {}, {}, nil
     for i, key in ipairs(keys) do
