@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,45 +30,22 @@ impl<S: Store> Broker<S> {
                 event = events.recv() => event,
                 () = shutdown.cancelled() => return,
             };
-            // Everything announced while the last pass ran is served in one
-            // pass. One pass per announcement, in turn, fell behind a busy
-            // tube's (on a cluster, 160 puts a second through another
-            // process): a quiet tube's news waited behind them, and a reviewer
-            // saw its job reach the worker blocked for it up to 11 s late.
-            let mut ready: HashSet<Tube> = HashSet::new();
-            let mut resync = false;
-            let mut closed = false;
-            let mut next = first;
-            loop {
-                match next {
-                    Some(StoreEvent::Ready(tube)) => {
-                        ready.insert(tube);
-                    }
-                    Some(StoreEvent::Due(after)) => self.alarm.schedule(after),
-                    Some(StoreEvent::Resync) => {
-                        self.reschedule.notify_one();
-                        resync = true;
-                    }
-                    Some(StoreEvent::Schedules) => self.reschedule.notify_one(),
-                    None => {
-                        closed = true;
-                        break;
-                    }
-                }
-                next = match events.try_recv() {
-                    Ok(event) => Some(event),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => None,
-                };
+            let news = News::gather(first, &mut events);
+            if let Some(after) = news.due {
+                self.alarm.schedule(after);
             }
-            if resync {
+            if news.resync || news.schedules {
+                self.reschedule.notify_one();
+            }
+            let mut ready = news.ready;
+            if news.resync {
                 ready.extend(self.waiters.tubes());
             }
             if !ready.is_empty() {
                 let tubes: Vec<Tube> = ready.into_iter().collect();
                 self.serve(&tubes, true).await;
             }
-            if closed {
+            if news.closed {
                 return;
             }
         }
@@ -123,5 +101,105 @@ impl<S: Store> Broker<S> {
                 late_since = Some(due);
             }
         }
+    }
+}
+
+/// Everything other processes announced while the last hand-out pass ran,
+/// to be served in one pass. One pass per announcement, in turn, fell
+/// behind a busy tube's (on a cluster, 160 puts a second through another
+/// process): a quiet tube's news waited behind them, and a reviewer saw its
+/// job reach the worker blocked for it up to 11 s late.
+#[derive(Debug, Default, PartialEq)]
+struct News {
+    /// Tubes whose waiting connections are to be served, each once.
+    ready: HashSet<Tube>,
+    /// The earliest due time announced, from now.
+    due: Option<Duration>,
+    /// Events may have been missed: serve every waiting connection.
+    resync: bool,
+    /// The schedules changed.
+    schedules: bool,
+    /// The engine's events ended.
+    closed: bool,
+}
+
+impl News {
+    /// `first`, and every event queued behind it, without waiting for more.
+    fn gather(first: Option<StoreEvent>, events: &mut mpsc::Receiver<StoreEvent>) -> News {
+        let mut news = News::default();
+        let mut next = first;
+        loop {
+            match next {
+                Some(StoreEvent::Ready(tube)) => {
+                    news.ready.insert(tube);
+                }
+                Some(StoreEvent::Due(after)) => {
+                    news.due = Some(news.due.map_or(after, |d| d.min(after)));
+                }
+                Some(StoreEvent::Resync) => news.resync = true,
+                Some(StoreEvent::Schedules) => news.schedules = true,
+                None => {
+                    news.closed = true;
+                    return news;
+                }
+            }
+            next = match events.try_recv() {
+                Ok(event) => Some(event),
+                Err(TryRecvError::Empty) => return news,
+                Err(TryRecvError::Disconnected) => None,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tube(name: &str) -> Tube {
+        Tube::parse(name.as_bytes()).expect("a valid tube name")
+    }
+
+    /// A busy tube's announcements, queued ahead of a quiet tube's, are
+    /// one pass's worth of news together with it, not a pass each.
+    #[test]
+    fn news_queued_behind_a_busy_tubes_is_served_in_the_same_pass() {
+        let (tx, mut rx) = mpsc::channel(1_000);
+        for _ in 0..500 {
+            tx.try_send(StoreEvent::Ready(tube("busy"))).expect("room");
+        }
+        for event in [
+            StoreEvent::Due(Duration::from_secs(7)),
+            StoreEvent::Ready(tube("quiet")),
+            StoreEvent::Due(Duration::from_secs(3)),
+            StoreEvent::Schedules,
+            StoreEvent::Ready(tube("busy")),
+        ] {
+            tx.try_send(event).expect("room");
+        }
+        let first = rx.try_recv().ok();
+        let news = News::gather(first, &mut rx);
+        assert_eq!(
+            news,
+            News {
+                ready: [tube("busy"), tube("quiet")].into_iter().collect(),
+                due: Some(Duration::from_secs(3)),
+                schedules: true,
+                ..News::default()
+            }
+        );
+        // Nothing is left for a second pass, and the next news is its own.
+        tx.try_send(StoreEvent::Resync).expect("room");
+        drop(tx);
+        let first = rx.try_recv().ok();
+        let news = News::gather(first, &mut rx);
+        assert_eq!(
+            news,
+            News {
+                resync: true,
+                closed: true,
+                ..News::default()
+            }
+        );
     }
 }

@@ -931,6 +931,9 @@ async fn failed_over_shards_reach_blocked_workers(how: Failover) {
     let worker_side = Daemon::on_redis(&args).await;
     let mut producer = producer_side.client().await;
     assert_eq!(producer.cmd("use wake").await, "USING wake");
+    // Puts through the workers' side too, to tell when it has healed.
+    let mut prober = worker_side.client().await;
+    assert_eq!(prober.cmd("use wake").await, "USING wake");
     let mut ids = ids_on(owners, node, "wake");
 
     let failed = Instant::now();
@@ -951,21 +954,27 @@ async fn failed_over_shards_reach_blocked_workers(how: Failover) {
             blocking(&cluster, move |c| c.wait_for_failover(node)).await;
         }
     }
-    // The failed-over shards take puts again through the producer's side.
-    loop {
-        let id = ids.next().expect("an id");
-        let reply = producer.put_id(0, 0, 60, b"probe", &id).await;
-        if reply.starts_with("INSERTED ") {
-            assert_eq!(producer.cmd(&format!("delete {id}")).await, "DELETED");
-            break;
+    // The failed-over shards take puts again through each side. Each
+    // process learns of the failover by itself: one may still be waiting
+    // for its connection to refresh the slots (and answer its calls
+    // `INTERNAL_ERROR`) after the other has healed.
+    for side in [&mut producer, &mut prober] {
+        loop {
+            let id = ids.next().expect("an id");
+            let reply = side.put_id(0, 0, 60, b"probe", &id).await;
+            if reply.starts_with("INSERTED ") {
+                assert_eq!(side.cmd(&format!("delete {id}")).await, "DELETED");
+                break;
+            }
+            assert_eq!(reply, "INTERNAL_ERROR");
+            assert!(
+                failed.elapsed() < Duration::from_secs(60),
+                "puts on the failed-over shards still failed 60 s after the fault"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert_eq!(reply, "INTERNAL_ERROR");
-        assert!(
-            failed.elapsed() < Duration::from_secs(60),
-            "puts on the failed-over shards still failed 60 s after the fault"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    drop(prober);
     let healed = failed.elapsed();
 
     let mut workers = Vec::new();
@@ -1029,6 +1038,18 @@ async fn workers_blocked_on_another_process_are_served_after_the_only_seed_died(
 /// the other, so with workers waiting on a busy tube its announcements
 /// queued up ahead of a quiet tube's: a reviewer saw a job put on a quiet
 /// tube reach the worker blocked on the other process 1 to 11 s late.
+///
+/// How the news is gathered into one pass is checked exactly by the
+/// broker's unit test (`news_queued_behind_a_busy_tubes_is_served_in_the_same_pass`):
+/// on this machine the old fault, brought back, no longer lagged this far
+/// (7 and 14 ms median, 203 and 725 ms at worst, 2026-12-06). This one
+/// checks the whole way between two processes, by the median of 150 jobs,
+/// since the worst of them is at the mercy of a loaded machine. It also
+/// caught a second fault: each process looked for the busy tube's jobs in
+/// every shard it had heard of, though the other had taken them, and the
+/// calls saturated the machine's two cores; in half the runs the median
+/// was 110 ms, and CI saw one job take 875 ms (see
+/// `an_empty_look_at_a_shard_corrects_what_a_process_believed_it_held`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_busy_tubes_news_does_not_delay_another_tubes() {
     let cluster = start_shared(|| RedisCluster::start(3, 0)).await;
@@ -1074,7 +1095,7 @@ async fn a_busy_tubes_news_does_not_delay_another_tubes() {
     let mut producer = sides[0].client().await;
     assert_eq!(producer.cmd("use quiet").await, "USING quiet");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut slowest = Duration::ZERO;
+    let mut took = Vec::new();
     for n in 0..150 {
         worker.send_line("reserve").await;
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1088,22 +1109,27 @@ async fn a_busy_tubes_news_does_not_delay_another_tubes() {
         );
         let line = worker.line_within(Duration::from_secs(30)).await;
         let job = worker.job_after("RESERVED", &line).await;
-        slowest = slowest.max(put.elapsed());
+        took.push(put.elapsed());
         assert_eq!(job.body, body.as_bytes());
         assert_eq!(worker.cmd(&format!("delete {}", job.id)).await, "DELETED");
     }
-    eprintln!("the slowest job on the quiet tube reached its worker in {slowest:.2?}");
+    took.sort();
+    let (median, slowest) = (took[took.len() / 2], took[took.len() - 1]);
+    eprintln!(
+        "jobs on the quiet tube reached their worker in {median:.2?} (median), \
+         {:.2?} (90th percentile), {slowest:.2?} at worst",
+        took[took.len() * 9 / 10]
+    );
     stop.store(true, Ordering::Relaxed);
     for task in busy {
         task.await.expect("a busy client");
     }
-    // The fault made it 1 to 11 s. A healthy debug build on a shared
-    // 2-core machine took 173 to 323 ms here (2026-12-02; 250 ms was the
-    // bound once, and failed CI on an unchanged build).
+    // A debug build: 2.5 ms median, 9 ms at worst, in three runs
+    // (2026-12-06).
     assert!(
-        slowest < Duration::from_millis(800),
-        "a job on the quiet tube reached the worker blocked on the other process only \
-         after {slowest:.2?}"
+        median < Duration::from_millis(250),
+        "jobs on the quiet tube reached the worker blocked on the other process only \
+         after {median:.2?} (median; {slowest:.2?} at worst)"
     );
 }
 
