@@ -47,7 +47,15 @@ impl State {
 
     /// Ends a replay: builds every tube's indexes by state, the tubes'
     /// places in `soonest` and the expiries from the jobs in the pool.
-    fn index_replayed(&mut self) {
+    ///
+    /// Delayed jobs due by `now` (they fell due while the server was down)
+    /// go straight into the ready sets, as the timer would have moved them:
+    /// moved by the timer after the replay, one by one, they took longer
+    /// than the replay itself (a 1,000,000-job directory with 63 % of its
+    /// jobs due: 1.46 s to serve them all, against 0.62 s with none due).
+    /// The move writes no record, as the timer's does not: a due time is a
+    /// wall-clock time, and a replay finds the job due again.
+    fn index_replayed(&mut self, now: Micros) {
         self.replay = None;
         #[derive(Default)]
         struct Entries {
@@ -62,7 +70,7 @@ impl State {
         // Jobs come in runs of one tube: the last tube's place saves a
         // hash of its name per job.
         let mut last: Option<(Tube, usize)> = None;
-        for (_, job) in &self.jobs {
+        for (_, job) in self.jobs.iter_mut() {
             let at = match &last {
                 Some((tube, at)) if *tube == job.tube => *at,
                 _ => {
@@ -75,6 +83,11 @@ impl State {
                 }
             };
             let entries = &mut by_tube[at];
+            if let St::Delayed { due } = job.state
+                && due <= now
+            {
+                job.state = St::Ready;
+            }
             match job.state {
                 St::Ready => {
                     entries.ready.push((job.pri, job.key));
@@ -261,7 +274,7 @@ impl State {
     /// process, as beanstalkd's does after it reads its binlog back.
     pub fn replayed(&mut self, now: Micros) {
         if self.replay.is_some() {
-            self.index_replayed();
+            self.index_replayed(now);
         }
         // Pauses that went in the replay were ended in the log already.
         self.unpaused.clear();
@@ -350,7 +363,7 @@ mod tests {
 
     use super::*;
     use crate::job::{JobCounters, Lifecycle};
-    use crate::store::memory::journal::{Meta, Round};
+    use crate::store::memory::journal::{Meta, Round, Volatile};
 
     /// A small deterministic generator (xorshift), so that a failure
     /// replays the same.
@@ -411,6 +424,10 @@ mod tests {
     /// (whole tubes emptied), times to live.
     #[test]
     fn indexes_built_at_the_end_match_those_kept_as_records_come() {
+        // Among the delayed jobs' due times (see `stored`): some fell due
+        // while the server was down.
+        const NOW: Micros = 1_025_000;
+        let mut due_moved = 0;
         for seed in 1..40u64 {
             let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let tubes = ["default", "mail", "orders", "refunds"];
@@ -445,7 +462,7 @@ mod tests {
                     _ => records.push((u64::MAX - 1 - dice.roll(next), None)),
                 }
             }
-            let replay = |defer: bool| {
+            let mut replay = |defer: bool| {
                 let mut dice = Dice(seed);
                 let mut s = State::new();
                 if defer {
@@ -469,12 +486,34 @@ mod tests {
                     };
                     assert_eq!(s.apply(record), Applied::Done);
                 }
-                s.replayed(2_000_000);
+                s.replayed(NOW);
+                if !defer {
+                    // The jobs due by now, which the built indexes hold
+                    // ready, are moved by the timer.
+                    let moved = s.tick(NOW, &mut Volatile);
+                    due_moved += usize::from(!moved.ready.is_empty());
+                }
                 s
             };
             let (kept, built) = (replay(false), replay(true));
             assert_eq!(indexes(&built), indexes(&kept), "seed {seed}");
             assert!(built.replay.is_none());
+            let delayed: Vec<Micros> = built
+                .jobs
+                .iter()
+                .filter_map(|(_, job)| match job.state {
+                    St::Delayed { due } => Some(due),
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                !delayed.is_empty() && delayed.iter().all(|&due| due > NOW),
+                "seed {seed}: delayed jobs due at {delayed:?}, now {NOW}"
+            );
         }
+        assert!(
+            due_moved > 30,
+            "jobs fell due in only {due_moved} of 39 replays"
+        );
     }
 }
