@@ -51,8 +51,8 @@ impl State {
     /// Delayed jobs due by `now` (they fell due while the server was down)
     /// go straight into the ready sets, as the timer would have moved them:
     /// moved by the timer after the replay, one by one, they took longer
-    /// than the replay itself (a 1,000,000-job directory with 63 % of its
-    /// jobs due: 1.46 s to serve them all, against 0.62 s with none due).
+    /// than the replay itself (a 1,000,000-job directory whose jobs had all
+    /// fallen due: 3.0 s until every job was ready, 1.1 s this way).
     /// The move writes no record, as the timer's does not: a due time is a
     /// wall-clock time, and a replay finds the job due again.
     fn index_replayed(&mut self, now: Micros) {
