@@ -958,6 +958,7 @@ async fn failed_over_shards_reach_blocked_workers(how: Failover) {
     // process learns of the failover by itself: one may still be waiting
     // for its connection to refresh the slots (and answer its calls
     // `INTERNAL_ERROR`) after the other has healed.
+    let mut sides_healed = Vec::new();
     for side in [&mut producer, &mut prober] {
         loop {
             let id = ids.next().expect("an id");
@@ -973,6 +974,7 @@ async fn failed_over_shards_reach_blocked_workers(how: Failover) {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        sides_healed.push(failed.elapsed());
     }
     drop(prober);
     let healed = failed.elapsed();
@@ -1012,8 +1014,10 @@ async fn failed_over_shards_reach_blocked_workers(how: Failover) {
          {served:.1?} ({how:?})"
     );
     eprintln!(
-        "primary {how:?}: its shards took puts again {healed:.1?} after the fault; \
-         workers blocked on the other process served in {served:.2?}"
+        "primary {how:?}: its shards took puts again {healed:.1?} after the fault (through \
+         the producers' process after {:.1?}, the workers' after {:.1?}); workers blocked \
+         on the other process served in {served:.2?}",
+        sides_healed[0], sides_healed[1]
     );
 }
 
