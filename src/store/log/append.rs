@@ -150,7 +150,6 @@ impl<'a> Appender<'a> {
             b.in_kernel = seq;
             shared.in_kernel.store(seq, Ordering::Release);
         }
-        b.pending += 1;
         b.used += len;
         b.appended += len;
         if let (Class::Put, Record::Job(job)) = (class, record) {
@@ -207,10 +206,8 @@ impl Written for Appender<'_> {
 impl Drop for Appender<'_> {
     fn drop(&mut self) {
         let b = &mut *self.buf;
-        let gathered = b.gather_for > 0 && b.pending >= b.gather_for;
-        if self.wrote && (b.writer_idle || gathered) {
+        if self.wrote && b.writer_idle {
             b.writer_idle = false;
-            b.gather_for = 0;
             self.shared.wake.notify_one();
         }
     }

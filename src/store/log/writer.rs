@@ -183,11 +183,6 @@ pub struct Buf {
     pub(super) in_kernel: u64,
     /// The writer sleeps until woken: a transition that appends wakes it.
     pub(super) writer_idle: bool,
-    /// Records appended since the last write began.
-    pub(super) pending: u64,
-    /// While the writer lets a group gather: the records it waits for (a
-    /// transition that brings the pending ones to this many wakes it).
-    pub(super) gather_for: u64,
     /// The server is stopping: write what is left, sync, stop.
     pub stopping: bool,
 }
@@ -274,8 +269,6 @@ impl Shared {
                 map: None,
                 in_kernel: synced,
                 writer_idle: false,
-                pending: 0,
-                gather_for: 0,
                 stopping: false,
             }),
             wake: Condvar::new(),
@@ -313,7 +306,6 @@ impl Shared {
                 b.chunks.clear();
                 return false;
             }
-            b.pending = 0;
             (std::mem::take(&mut b.chunks), b.next_seq - 1)
         };
         if chunks.is_empty() {
@@ -360,8 +352,8 @@ impl Shared {
         true
     }
 
-    /// Syncs what is written; returns how long the sync took.
-    fn sync(&self) -> Result<Duration, ()> {
+    /// Syncs what is written.
+    fn sync(&self) -> Result<(), ()> {
         // The records written so far are in this file, or in files synced
         // before it was begun; holding the file itself (not its lock) lets
         // writes go on while it syncs, and takes no descriptor, which a
@@ -379,7 +371,7 @@ impl Shared {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.store(upto, Ordering::Release);
         self.marks.send_modify(|m| m.synced = m.synced.max(upto));
-        Ok(start.elapsed())
+        Ok(())
     }
 
     /// Locks the buffer.
@@ -410,16 +402,19 @@ impl Shared {
 
 /// The writer thread: writes what gathers, syncs as the policy says,
 /// publishes how far it got; stops once told to and everything is synced.
+///
+/// Under the default policy it writes and syncs what has gathered as soon
+/// as the last sync is over, without waiting for more to come. Until
+/// 2026-12-06 it let the next group gather after a sync under load (for
+/// half the sync, or until as many records as the last group had), which
+/// made groups larger and a disk's syncs fewer; with the server on one
+/// runtime thread it cost more than it saved. In four alternated `compare`
+/// runs of `cycle` (3 rounds of 5 s each, beside beanstalkd `-b`), with no
+/// wait: 0.89, 0.82, 0.84 and 0.76 × beanstalkd `-b`, cycle p99 1.12 to
+/// 1.36 ×; with it: 0.66, 0.60, 0.54 and 0.70 ×, p99 1.44 to 1.56 ×.
 pub fn run(shared: Arc<Shared>) {
     let mut last_sync = Instant::now();
-    // How long to let the next group gather after a sync (see `gather_time`),
-    // and how many records were in the last group.
-    let mut gather = Duration::ZERO;
-    let mut last_group = 0;
     loop {
-        if !gather.is_zero() {
-            gather_group(&shared, gather, last_group);
-        }
         let unsynced = |shared: &Shared| {
             let m = shared.marks.borrow();
             m.written > m.synced
@@ -497,9 +492,7 @@ pub fn run(shared: Arc<Shared>) {
             }
             b.stopping
         };
-        let before = shared.marks.borrow().written;
         shared.flush();
-        let records = shared.marks.borrow().written.saturating_sub(before);
         let sync_now = unsynced(&shared)
             && match shared.policy {
                 SyncPolicy::Always => true,
@@ -507,15 +500,9 @@ pub fn run(shared: Arc<Shared>) {
                 SyncPolicy::Never => stopping,
             };
         if sync_now {
-            let Ok(took) = shared.sync() else {
+            if shared.sync().is_err() {
                 continue;
-            };
-            // Only the default policy lets groups gather: with -f or -F
-            // nobody waits for this thread.
-            if shared.policy == SyncPolicy::Always {
-                gather = gather_time(records, took);
             }
-            last_group = records;
             last_sync = Instant::now();
         }
         if stopping && !unsynced(&shared) && shared.lock().chunks.is_empty() {
@@ -531,19 +518,6 @@ pub fn run(shared: Arc<Shared>) {
 /// once showed a fifth fewer cycles than with -f 50, which waits so
 /// already).
 const LINGER: Duration = Duration::from_millis(50);
-
-/// Lets the next group gather for at most `most`, or until as many records
-/// as the last group had are pending: the connections the last sync
-/// released each bring about one record back, and once they have, waiting
-/// longer only adds to everyone's latency.
-fn gather_group(shared: &Shared, most: Duration, last_group: u64) {
-    let mut b = shared.lock();
-    b.gather_for = last_group.max(1);
-    let mut b = wait_while(&shared.wake, b, Instant::now() + most, |b| {
-        b.pending < b.gather_for && !b.stopping
-    });
-    b.gather_for = 0;
-}
 
 /// Waits on `cv` while `waiting` holds, until `until` at the latest;
 /// gives the lock back either way.
@@ -564,28 +538,6 @@ pub(super) fn wait_while<'a>(
             .0;
     }
     b
-}
-
-/// How long the next group may gather after a sync of `records` that took
-/// `took`. Under load (more than one record in the group, so several
-/// connections are waiting) the replies just released come back as new
-/// records soon after: waiting a little before the next write makes groups
-/// larger, as the disk then does fewer, fuller syncs (on a disk whose syncs
-/// took 0.2 ms and often several, waiting up to twice the sync raised the
-/// cycle benchmark's throughput by a third). The wait also ends once as
-/// many records as the last group had are in. Half the sync is the most
-/// worth waiting: on a disk syncing in 0.11 to 0.17 ms, in alternated 8 s
-/// runs of the cycle benchmark (2026-12-02), half gave 40,140 to 43,092
-/// cycles a second over seven runs, a quarter 40,459 to 44,342 over three,
-/// twice 35,556 to 37,322 over ten, and no wait 33,735 to 43,867, swinging
-/// from run to run between small and large groups. A lone client (one
-/// record a group) never waits.
-fn gather_time(records: u64, took: Duration) -> Duration {
-    if records < 2 {
-        Duration::ZERO
-    } else {
-        (took / 2).min(Duration::from_millis(1))
-    }
 }
 
 /// How many records a write up to `upto` covers beyond those already
