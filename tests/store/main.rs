@@ -41,6 +41,7 @@ mod connections;
 mod delete;
 mod expiry;
 mod kick;
+mod lua;
 mod pause;
 mod peek;
 mod put;

@@ -357,15 +357,26 @@ local function heads()
   return out
 end
 
--- The end of every call: write the summed counters, forget the tubes left
--- unused, hand back unused job keys.
-local function finish()
+-- Writes the counts the call has summed so far. A call sums its changes
+-- to each count and writes them at its end (a batch of puts costs one
+-- HINCRBY a count, not one a put), but an operation that reads counts
+-- writes them first: behind puts or a tick in the same call it would find
+-- their jobs in their new states' indexes and not yet in the counts (a
+-- `stats` once answered 38,000 ready jobs, 37,752 of them urgent, and
+-- 2,248 delayed, of 40,000 in all).
+local function write_counts()
   for key, fields in pairs(pending) do
     for field, by in pairs(fields) do
       if by ~= 0 then redis.call('HINCRBY', key, field, by) end
     end
   end
   pending = {}
+end
+
+-- The end of every call: write the summed counters, forget the tubes left
+-- unused, hand back unused job keys.
+local function finish()
+  write_counts()
   for tube in pairs(unused) do forget_if_unused(tube) end
   unused = {}
   if seq_next ~= nil and seq_next <= seq_last then

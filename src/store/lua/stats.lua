@@ -3,6 +3,7 @@
 -- Returns {urgent, ready, reserved, delayed, buried, timeouts, total jobs,
 -- tubes, expired}.
 OPS.stats = function()
+  write_counts()
   local urgent, ready, delayed, buried = 0, 0, 0, 0
   local tubes = redis.call('ZRANGE', P .. 'tubes', 0, -1)
   for _, tube in ipairs(tubes) do

@@ -3,6 +3,7 @@
 -- Returns {urgent, ready, reserved, delayed, buried, total, using, watching,
 --          cmd-delete, cmd-pause-tube, pause ms, pause ms left, expired} or false.
 OPS.stats_tube = function(tube)
+  write_counts()
   local listed = redis.call('ZSCORE', P .. 'tubes', tube)
   -- On a shard of a cluster, the counts a shard keeps of a tube it no
   -- longer holds jobs of count too, and a 14th figure says whether the
