@@ -12,7 +12,7 @@
 local ARITY = {
   put = 7, reserve = 2, reserve_job = 2, give_back = 2, delete = 3, release = 4,
   bury = 3, touch = 2, kick = 3, kick_job = 1, pause_tube = 3, hold_tube = 2, release_all = 3,
-  tick = 2, tube_ref = 4, restore_refs = 2, peek = 2, stats_job = 1, stats_tube = 1, stats = 0,
+  tick = 2, tube_ref = 5, restore_refs = 3, peek = 2, stats_job = 1, stats_tube = 1, stats = 0,
   list_tubes = 0, inventory = 0, live = 0, pauses = 0, firsts = 3, ids = 1,
   forget_births = 1, forget_counts = 1, set_tube = 2, tube_settings = 1,
   reserve_many = 4, delete_many = 3, set_schedule = 3, schedules = 0,

@@ -290,6 +290,33 @@ local function tube_users(tube)
   return using, watching
 end
 
+-- The versions of a process's counts, in P.."refv:"..process (a sorted
+-- set): each count's ("u:"..tube or "w:"..tube) as Redis has it, and '#'
+-- for the last time the process sent them all. A count comes with the
+-- version the process gave it as its call was written (microseconds of its
+-- clock, never going back); the cluster client sends a failed call again
+-- after a random wait, so a count may come after a later one, and is then
+-- ignored. Versions are kept VERSIONS_KEPT behind the latest: a call sent
+-- again comes within the 2 s delayq lets a call take.
+local VERSIONS_KEPT = 10000000
+
+-- Whether a count of `name` with version `version` (as its argument came)
+-- is the latest Redis has been sent; if so, it is noted as such.
+local function latest_ref(process, name, version)
+  local versions = P .. 'refv:' .. process
+  local seen = redis.call('ZMSCORE', versions, name, '#')
+  local v = tonumber(version)
+  if v <= (tonumber(seen[1]) or 0) or v <= (tonumber(seen[2]) or 0) then
+    return false
+  end
+  -- The argument, not `v`: Redis writes a Lua number with 14 digits, and a
+  -- version has 16.
+  redis.call('ZADD', versions, version, name)
+  redis.call('ZREMRANGEBYSCORE', versions, '-inf',
+    string.format('(%.0f', v - VERSIONS_KEPT))
+  return true
+end
+
 -- Tubes that may have been left with no jobs and no users; `finish` checks
 -- them once the call's counters are written.
 local unused = {}

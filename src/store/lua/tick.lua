@@ -35,7 +35,7 @@ local function heartbeat(process)
       elseif now - since >= DEAD_AFTER_MS then
         local refs = P .. 'refs:' .. other
         local fields = redis.call('HKEYS', refs)
-        redis.call('DEL', refs, missing)
+        redis.call('DEL', refs, P .. 'refv:' .. other, missing)
         redis.call('SREM', P .. 'processes', other)
         for _, field in ipairs(fields) do
           if field ~= '#' then maybe_unused(string.sub(field, 3)) end

@@ -24,7 +24,7 @@ use tracing::info;
 use super::conn::Conn;
 use super::decode::{corrupt, fail};
 use super::library::{Function, Kind, Library};
-use super::refs::{SharedCounts, SharedSum, encode, seal};
+use super::refs::{SharedCounts, SharedSum, encode, next_version, seal};
 use super::shards::{SHARDS, Sharding};
 use crate::error::{StoreError, StoreResult};
 use crate::names::{JobId, Tube};
@@ -81,10 +81,12 @@ pub(super) enum Arg {
     /// A job body.
     Body(Bytes),
     /// The summed change of use or watch counts that an operation carries,
-    /// which changes join until the call is written.
+    /// which changes join until the call is written; written as two
+    /// arguments, the count and its version.
     Sum(SharedSum),
     /// Every use and watch count of the process, read when the call is
-    /// written (in order with the changes' operations).
+    /// written (in order with the changes' operations); written as two
+    /// arguments, the counts and their version.
     Counts(SharedCounts),
 }
 
@@ -111,8 +113,11 @@ impl Arg {
             }
             Arg::Id(JobId::Client(name)) => cmd.arg(&**name),
             Arg::Body(b) => cmd.arg(b.as_ref()),
-            Arg::Sum(sum) => cmd.arg(seal(sum)),
-            Arg::Counts(counts) => cmd.arg(encode(counts)),
+            Arg::Sum(sum) => {
+                let (count, version) = seal(sum);
+                cmd.arg(count).arg(version)
+            }
+            Arg::Counts(counts) => cmd.arg(encode(counts)).arg(next_version()),
         };
     }
 }

@@ -18,10 +18,21 @@
 //! Redis with the count the process has, whether the first call ran or
 //! not; and counts Redis lost, or that another process forgot because
 //! this one seemed dead, are sent again whole ([`Refs::restore`]).
+//!
+//! A count also carries a version, taken as its call is written, so that
+//! Redis keeps the latest count however the calls arrive. The cluster
+//! client sends a call again after a failure (a dropped connection, a
+//! failover) after a random wait, so a call written before another may run
+//! after it; carrying a count read earlier, it would put back a count the
+//! process no longer has (a connection gone still counted as watching),
+//! until that count next changed. The library ignores a count older than
+//! the one it has.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -48,11 +59,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Seals `sum` and returns its count, as its call is written.
-pub(super) fn seal(sum: &Mutex<Sum>) -> i64 {
+/// Seals `sum` and returns its count and the count's version, as its call
+/// is written.
+pub(super) fn seal(sum: &Mutex<Sum>) -> (i64, u64) {
     let mut sum = lock(sum);
     sum.sealed = true;
-    sum.count
+    (sum.count, next_version())
+}
+
+/// A version above every one taken before in this process: the wall clock
+/// in microseconds, or one more than the last if the clock is behind it.
+/// The library keeps a count's version for a while only (see
+/// `tube_ref.lua`), measured in these microseconds: a call the cluster
+/// client sends again comes within the 2 s a call may take.
+pub(super) fn next_version() -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(last + 1);
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
 }
 
 /// A tube and a count of it (`u` using, `w` watching).
