@@ -1,6 +1,7 @@
 //! The Redis engine's function library, called directly: what one call of
 //! several operations answers, which the engine's batching makes happen
-//! only by chance of timing.
+//! only by chance of timing, and calls coming in an order that only a
+//! cluster client sending a failed call again makes happen.
 
 use delayq::store::redis::bench_call;
 use redis::Value;

@@ -178,7 +178,8 @@ fn rules_header() -> String {
 /// function library (what `FUNCTION LOAD` takes), and one whole command,
 /// starting with `FCALL`, that runs `n` operations `op` ("put" or
 /// "reserve") in one call, on the tube `bench` under the default prefix:
-/// 100-byte ready jobs for `put`. `None` for another `op`.
+/// 100-byte ready jobs for `put`. `None` for another `op`. With `n` 0 it
+/// is the call's head, to which a test appends operations of its own.
 pub fn bench_call(op: &str, n: usize) -> Option<(String, Vec<Vec<u8>>)> {
     let args: Vec<&[u8]> = match op {
         "put" => vec![b"bench", b"", b"0", b"0", b"60000", &[b'x'; 100], b""],
