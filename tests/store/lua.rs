@@ -129,10 +129,10 @@ async fn a_stats_tube_in_the_same_call_counts_the_changes_before_it() {
     assert_eq!(s[5], 2, "total jobs: {s:?}");
 }
 
-/// The cluster client sends a failed call again after a random wait, so a
-/// call carrying an older count of a process's watchers may run after one
-/// carrying a newer: the older changes nothing, whichever order they come
-/// in.
+/// The cluster client sends a call answered `CLUSTERDOWN` or `TRYAGAIN`
+/// again after a random wait, so a call carrying an older count of a
+/// process's watchers may run after one carrying a newer: the older changes
+/// nothing, whichever order they come in.
 #[tokio::test]
 async fn a_count_older_than_the_one_redis_has_changes_nothing() {
     let mut lib = Library::start().await;

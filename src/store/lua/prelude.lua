@@ -294,9 +294,9 @@ end
 -- set): each count's ("u:"..tube or "w:"..tube) as Redis has it, and '#'
 -- for the last time the process sent them all. A count comes with the
 -- version the process gave it as its call was written (microseconds of its
--- clock, never going back); the cluster client sends a failed call again
--- after a random wait, so a count may come after a later one, and is then
--- ignored. Versions are kept VERSIONS_KEPT behind the latest: a call sent
+-- clock, never going back); the cluster client sends a call answered
+-- CLUSTERDOWN or TRYAGAIN again after a random wait, so a count may come
+-- after a later one, and is then ignored. Versions are kept VERSIONS_KEPT behind the latest: a call sent
 -- again comes within the 2 s delayq lets a call take.
 local VERSIONS_KEPT = 10000000
 

@@ -21,12 +21,12 @@
 //!
 //! A count also carries a version, taken as its call is written, so that
 //! Redis keeps the latest count however the calls arrive. The cluster
-//! client sends a call again after a failure (a dropped connection, a
-//! failover) after a random wait, so a call written before another may run
-//! after it; carrying a count read earlier, it would put back a count the
-//! process no longer has (a connection gone still counted as watching),
-//! until that count next changed. The library ignores a count older than
-//! the one it has.
+//! client sends a call answered `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN` or
+//! `LOADING` (a failover, a cluster still forming) again after a random
+//! wait, so a call written before another may run after it; carrying a
+//! count read earlier, it would put back a count the process no longer has
+//! (a connection gone still counted as watching), until that count next
+//! changed. The library ignores a count older than the one it has.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
