@@ -296,8 +296,9 @@ end
 -- version the process gave it as its call was written (microseconds of its
 -- clock, never going back); the cluster client sends a call answered
 -- CLUSTERDOWN or TRYAGAIN again after a random wait, so a count may come
--- after a later one, and is then ignored. Versions are kept VERSIONS_KEPT behind the latest: a call sent
--- again comes within the 2 s delayq lets a call take.
+-- after a later one, and is then ignored. Versions are kept VERSIONS_KEPT
+-- behind the latest: a call sent again comes within the 2 s delayq lets a
+-- call take.
 local VERSIONS_KEPT = 10000000
 
 -- Whether a count of `name` with version `version` (as its argument came)

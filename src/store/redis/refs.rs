@@ -69,8 +69,8 @@ pub(super) fn seal(sum: &Mutex<Sum>) -> (i64, u64) {
 
 /// A version above every one taken before in this process: the wall clock
 /// in microseconds, or one more than the last if the clock is behind it.
-/// The library keeps a count's version for a while only (see
-/// `tube_ref.lua`), measured in these microseconds: a call the cluster
+/// The library keeps a count's version for a while only (`latest_ref` in
+/// `prelude.lua`), measured in these microseconds: a call the cluster
 /// client sends again comes within the 2 s a call may take.
 pub(super) fn next_version() -> u64 {
     static LAST: AtomicU64 = AtomicU64::new(0);
@@ -79,7 +79,7 @@ pub(super) fn next_version() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     let mut last = LAST.load(Ordering::Relaxed);
     loop {
-        let next = now.max(last + 1);
+        let next = now.max(last.saturating_add(1));
         match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return next,
             Err(seen) => last = seen,
