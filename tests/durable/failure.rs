@@ -3,6 +3,7 @@
 //! through ext4's own `trigger_fs_error` while delayq runs. Writes and
 //! syncs then really fail (`EROFS`), as they do when a disk goes bad.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -166,5 +167,243 @@ async fn a_failing_file_system_stops_changes_and_keeps_what_was_acknowledged() {
         c.stats().await.num("current-jobs-ready"),
         acked.len() as u64,
         "only the acknowledged jobs are back: the put under way at the failure is not"
+    );
+}
+
+/// An ext4 file system on a loop device whose image lives on a small tmpfs
+/// of its own: once that tmpfs is full, a write-back into a block punched
+/// out of the image fails (`ENOSPC` from the loop device) while ext4 stays
+/// read-write and keeps the page it could not write, marked clean, in its
+/// cache. That is what a disk that fails one write leaves: a cache that
+/// says what the disk does not.
+struct Leaky {
+    dir: tempfile::TempDir,
+}
+
+impl Leaky {
+    /// An image of 32 MiB on a tmpfs of 40, every block of it written (so
+    /// that only blocks punched out later need room), mounted.
+    fn mount() -> Result<Leaky, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let fs = Leaky { dir };
+        std::fs::create_dir(fs.backing()).map_err(|e| e.to_string())?;
+        std::fs::create_dir(fs.path()).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=40m", "tmpfs"])
+            .arg(fs.backing())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        std::fs::write(fs.image(), vec![0u8; 32 << 20]).map_err(|e| e.to_string())?;
+        run(
+            "mkfs.ext4",
+            &[
+                "-q",
+                "-F",
+                "-b",
+                "4096",
+                "-E",
+                "nodiscard,lazy_itable_init=0,lazy_journal_init=0",
+            ],
+            &fs.image(),
+        )?;
+        let out = Command::new("mount")
+            .args(["-o", "loop,errors=continue"])
+            .arg(fs.image())
+            .arg(fs.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(fs)
+    }
+
+    fn backing(&self) -> PathBuf {
+        self.dir.path().join("backing")
+    }
+
+    fn image(&self) -> PathBuf {
+        self.backing().join("fs.img")
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+
+    /// Punches the blocks of `file` from byte `from` (a multiple of 4096)
+    /// on out of the image; they hold zeros, which a hole reads as too.
+    fn punch(&self, file: &Path, from: u64) {
+        let out = Command::new("filefrag")
+            .args(["-v", "-b4096"])
+            .arg(file)
+            .output()
+            .expect("run filefrag");
+        let image = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.image())
+            .expect("open the image");
+        let mut punched = 0;
+        // Extent lines: "  0:   0..  511:   34816..  35327:  512: ...".
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let nums: Vec<u64> = line
+                .split([':', '.', ' '])
+                .filter(|s| !s.is_empty())
+                .map_while(|s| s.parse().ok())
+                .collect();
+            let [_, logical, _, physical, _, len, ..] = nums[..] else {
+                continue;
+            };
+            for i in 0..len {
+                if (logical + i) * 4096 >= from {
+                    let at = i64::try_from((physical + i) * 4096).unwrap();
+                    // SAFETY: a system call on a descriptor `image` keeps open.
+                    let rc = unsafe {
+                        libc::fallocate(
+                            image.as_raw_fd(),
+                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                            at,
+                            4096,
+                        )
+                    };
+                    assert_eq!(rc, 0, "punch a block of the image");
+                    punched += 1;
+                }
+            }
+        }
+        assert!(punched > 0, "no block of {} punched", file.display());
+    }
+
+    /// Fills the tmpfs under the image; `unfill` frees it again.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut filler = std::fs::File::create(self.backing().join("filler")).expect("filler");
+        let block = vec![0u8; 4096];
+        while filler.write_all(&block).is_ok() {}
+    }
+
+    fn unfill(&self) {
+        std::fs::remove_file(self.backing().join("filler")).expect("remove the filler");
+    }
+
+    /// Unmounts the file system and mounts it again: its cache is gone, as
+    /// after a reboot.
+    fn remount(&self) {
+        run("umount", &[], &self.path()).expect("unmount");
+        let out = Command::new("mount")
+            .args(["-o", "loop,errors=continue"])
+            .arg(self.image())
+            .arg(self.path())
+            .output()
+            .expect("run mount");
+        assert!(out.status.success(), "mount again");
+    }
+}
+
+impl Drop for Leaky {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.backing())
+            .status();
+    }
+}
+
+/// The byte after the last record of the log file `path`.
+fn log_end(path: &Path) -> u64 {
+    let data = std::fs::read(path).expect("read the log file");
+    crate::frames(&data).last().map_or(32, |f| f.1) as u64
+}
+
+/// A record the disk refused (its write-back failed, its put answered
+/// `INTERNAL_ERROR`) stays in the kernel's cache, marked clean, after the
+/// server stops. A restart on the same file system must read the disk, not
+/// that cache: otherwise it serves the refused job now, writes the next
+/// records after it, and the start after a reboot finds a hole where it
+/// was, with records after it, and calls the log damaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_a_failed_write_serves_what_the_disk_has() {
+    if !Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: this kernel has no loop devices");
+        return;
+    }
+    let Some(fs) = mounted_or_skipped(Leaky::mount(), "an ext4 image on a tmpfs") else {
+        return;
+    };
+    let data = fs.path().join("data");
+    let mut daemon = Daemon::durable(&data, &[]).await;
+    let mut c = daemon.client().await;
+    let mut acked = Vec::new();
+    for n in 0..50 {
+        let body = format!("before {n}");
+        acked.push((c.put_ok(0, 0, 60, body.as_bytes()).await, body));
+    }
+    let log = crate::log_files(&data).pop().expect("a log file");
+    // Pads the log to a block's end, so that the refused record fills a
+    // block of its own: the loop device fails a write of whole blocks
+    // only. A put's record is its body plus as many bytes again for any
+    // body of 128 to 16,383 bytes.
+    let before = log_end(&log);
+    acked.push((c.put_ok(0, 0, 60, &[b'p'; 200]).await, "p".repeat(200)));
+    let extra = log_end(&log) - before - 200;
+    let mut gap = (4096 - log_end(&log) % 4096) % 4096;
+    if gap < extra + 128 {
+        gap += 4096;
+    }
+    let pad = "q".repeat((gap - extra) as usize);
+    acked.push((c.put_ok(0, 0, 60, pad.as_bytes()).await, pad));
+    let end = log_end(&log);
+    assert_eq!(end % 4096, 0, "the log padded to a block's end");
+    assert_eq!(
+        crate::log_files(&data).pop(),
+        Some(log.clone()),
+        "no new log file begun"
+    );
+
+    fs.punch(&log, end);
+    fs.fill();
+    let refused = vec![b'r'; (4096 - extra) as usize];
+    assert_eq!(c.put(0, 0, 60, &refused).await, "INTERNAL_ERROR");
+    assert_eq!(
+        log_end(&log),
+        end + 4096,
+        "the refused record is in the cache"
+    );
+    fs.unfill();
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_exit();
+    drop(c);
+
+    // Restarted on the same file system, its cache kept.
+    let mut daemon = Daemon::durable(&data, &[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(
+        c.stats().await.num("current-jobs-ready"),
+        acked.len() as u64,
+        "the refused put is not served"
+    );
+    for n in 0..20 {
+        let body = format!("after {n}");
+        acked.push((c.put_ok(0, 0, 60, body.as_bytes()).await, body));
+    }
+    daemon.kill();
+    drop(c);
+
+    fs.remount();
+    let daemon = Daemon::durable(&data, &[]).await;
+    let mut c = daemon.client().await;
+    for (id, body) in &acked {
+        assert_eq!(
+            c.found(&format!("peek {id}")).await.body,
+            body.as_bytes(),
+            "job {id}, acknowledged"
+        );
+    }
+    assert_eq!(
+        c.stats().await.num("current-jobs-ready"),
+        acked.len() as u64
     );
 }

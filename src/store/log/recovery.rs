@@ -27,6 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -237,8 +238,12 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         out.files.insert(*number, *first);
         let newest = i + 1 == replay.len();
         let next_first = replay.get(i + 1).map(|&(_, first, _, _)| first);
+        // Only the newest two files can hold records written after their
+        // last sync: a log file is synced before the next one begins.
+        let from_disk = i + 2 >= replay.len();
         let used = replay_file(
-            path, *version, newest, next_first, start, state, salvage, &mut out, &mut buf,
+            path, *version, newest, next_first, from_disk, start, state, salvage, &mut out,
+            &mut buf,
         )?;
         // A file of an older format is read, never appended to: the next
         // records begin a new file.
@@ -350,13 +355,16 @@ fn snapshot_header(path: &Path, start: u64) -> Result<(), String> {
     }
 }
 
-/// Replays one log file; returns the offset its data ends at.
+/// Replays one log file; returns the offset its data ends at. With
+/// `from_disk`, its bytes are read from the disk itself (see
+/// [`read_from_disk`]).
 #[allow(clippy::too_many_arguments)]
 fn replay_file(
     path: &PathBuf,
     version: u32,
     newest: bool,
     next_first: Option<u64>,
+    from_disk: bool,
     start: u64,
     state: &mut State,
     salvage: bool,
@@ -366,8 +374,17 @@ fn replay_file(
     // One buffer for every file: a fresh one per file would leave the heap
     // scattered with file-sized holes after the start.
     buf.clear();
-    File::open(path)
-        .and_then(|mut f| std::io::Read::read_to_end(&mut f, buf))
+    let file = File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if from_disk {
+        read_from_disk(&file).map_err(|e| {
+            format!(
+                "cannot sync {} ({e}): the disk did not take what was written to it; \
+                 start again once the disk is sound",
+                path.display()
+            )
+        })?;
+    }
+    std::io::Read::read_to_end(&mut &file, buf)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let data = &buf[..];
     let mut at = HEADER as usize;
@@ -440,6 +457,25 @@ fn replay_file(
             }
         }
     }
+}
+
+/// Makes the reads of `file` that follow come from the disk, not from the
+/// kernel's cache of it. After a failed write-back the cache may keep
+/// pages that never reached the disk, marked clean (the kernel does not
+/// try them again): records read from them would be served now, and gone
+/// after the next reboot, with the records written after them left
+/// beyond a hole that the start after that would call damage. So what is
+/// dirty is written first (a failure stops the start), and then the cached
+/// pages are dropped, which leaves out only such pages.
+fn read_from_disk(file: &File) -> std::io::Result<()> {
+    file.sync_data()?;
+    // Advice only: where the pages cannot be dropped (a file system with
+    // no disk under it, such as tmpfs), its cache is all there is.
+    // SAFETY: a system call on a descriptor that `file` keeps open.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    Ok(())
 }
 
 /// Overwrites a cut-off tail with zeros, synced, so that what is written
