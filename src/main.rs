@@ -47,6 +47,15 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .init();
+    // Under a file-size limit (`ulimit -f`, a unit's LimitFSIZE) a write
+    // past it kills the process with SIGXFSZ, every client cut off and
+    // nothing said. Ignored, the write fails with EFBIG instead, which the
+    // log reports and outlives as it does a full disk.
+    // SAFETY: setting a signal's disposition to "ignore" before any thread
+    // starts; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let settings = match flags.settings() {
         Ok(settings) => settings,
         Err(why) => {

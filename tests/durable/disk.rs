@@ -281,3 +281,38 @@ async fn kills_during_compaction_lose_nothing_and_the_directory_stays_small() {
     // spares, a snapshot and the garbage compaction allows: a few files.
     assert!(size <= 8 * FILE, "directory of {size} bytes");
 }
+
+/// Under a file-size limit (`ulimit -f`) smaller than a log file, the
+/// first log file cannot be made: the start fails and says why, where the
+/// kernel's SIGXFSZ would have killed the process without a word.
+#[test]
+fn a_file_size_limit_is_reported_not_a_silent_death() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let mut command = Command::new(crate::common::daemon::BIN);
+    command
+        .args(["-l", "127.0.0.1", "-p", "0", "-b"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            match libc::setrlimit(libc::RLIMIT_FSIZE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let mut child = command.spawn().expect("spawn delayq");
+    let status = crate::common::daemon::wait_exit(&mut child, crate::common::REPLY_TIMEOUT);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.signal(), None, "killed by a signal: {stderr}");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("File too large"), "{stderr}");
+}

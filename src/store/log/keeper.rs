@@ -39,6 +39,8 @@ use crate::store::memory::journal::Record;
 
 /// How long the keeper waits before trying again after a failure.
 const RETRY: Duration = Duration::from_secs(1);
+/// How often the same reason for failing compactions is said again.
+const QUIET: Duration = Duration::from_secs(60);
 /// Jobs read per lock of the state while taking a snapshot.
 const DUMP_BATCH: usize = 256;
 /// The file kept prepared for a snapshot (see the module's doc).
@@ -65,11 +67,29 @@ struct Keeper {
     next_spare: u64,
     /// When it last said that it cannot prepare a spare.
     complained: Option<Instant>,
+    /// When it last said why a compaction failed, the reason, and how
+    /// many failed for it since.
+    compaction_failed: Option<(Instant, String, u64)>,
     /// The room kept for a snapshot, if it is prepared.
     room: Option<File>,
 }
 
 impl Keeper {
+    /// Says why a compaction failed: at once for a new reason, and once a
+    /// minute for the same one (a file-size limit below the snapshot's
+    /// size fails every try, every second or two).
+    fn compaction_failed(&mut self, e: &io::Error) {
+        let why = e.to_string();
+        match &mut self.compaction_failed {
+            Some((at, said, since)) if *said == why && at.elapsed() < QUIET => *since += 1,
+            last => {
+                let again = last.as_ref().map_or(0, |(_, _, since)| *since);
+                warn!(error = %why, failed_since_last_said = again, "compaction failed; trying again later");
+                *last = Some((Instant::now(), why, 0));
+            }
+        }
+    }
+
     /// Whether a spare is wanted: fewer are prepared than the live jobs'
     /// deletes need, or a change was refused for want of one.
     fn spare_wanted(b: &Buf, file_size: u64) -> bool {
@@ -151,6 +171,7 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
     let mut keeper = Keeper {
         next_spare,
         complained: None,
+        compaction_failed: None,
         room,
     };
     loop {
@@ -173,12 +194,20 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
         // Before any spare: on a disk short of room, the snapshot's room
         // is what lets a snapshot free the rest.
         keeper.keep_room(&shared);
-        let mut failed = want_spare && !keeper.prepare(&shared);
+        let no_spare = want_spare && !keeper.prepare(&shared);
+        let mut failed = no_spare;
         if want_snapshot {
             shared.lock().compact = false;
-            if let Err(e) = snapshot(&shared, source.as_ref(), &mut keeper) {
-                failed = true;
-                warn!(error = %e, "compaction failed; trying again later");
+            match snapshot(&shared, source.as_ref(), &mut keeper) {
+                Ok(()) => keeper.compaction_failed = None,
+                Err(e) => {
+                    failed = true;
+                    // Short of disk, the line about the spare says it
+                    // once a second already.
+                    if !no_spare {
+                        keeper.compaction_failed(&e);
+                    }
+                }
             }
         }
         if failed {
