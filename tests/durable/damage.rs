@@ -97,67 +97,95 @@ async fn a_torn_last_record_at_every_offset_is_cut_off() {
     );
 }
 
-/// Puts jobs 0 to 5 in one write, so that their records go to the disk
-/// in one group, stamped alike with the sync before it, then jobs 6 to 9
-/// one at a time, each synced before the next is put; SIGKILLs the server.
-/// Returns the directory and the newest log file.
-///
-/// Jobs 2 and 3 must share a group, which what else the machine does can
-/// prevent (the writer may take the first puts before the rest have
-/// come): then it is done again, five times at most.
-async fn grouped_jobs_then_kill() -> (tempfile::TempDir, std::path::PathBuf) {
-    for _ in 0..5 {
-        let (dir, log) = jobs_in_groups_then_kill().await;
-        let file = std::fs::read(&log).unwrap();
-        let (_, end) = record_of(&file, "job 2");
-        // The record after job 2's was written before job 2's was synced
-        // when its stamp (its seq minus the gap at byte 16) is below job
-        // 2's seq.
-        let gap = u32::from_le_bytes(file[end + 16..end + 20].try_into().unwrap());
-        if gap > 1 {
-            return (dir, log);
-        }
-    }
-    panic!("jobs 2 and 3 were not written in one group, five times over");
+/// How the jobs reach the log before one of them is damaged.
+#[derive(Clone, Copy)]
+enum Jobs {
+    /// Six, put one at a time, each synced before the next; SIGKILL.
+    OneByOne,
+    /// Ten: jobs 0 to 5 in one write, so that their records go to the
+    /// disk in one group, stamped alike with the sync before it, then jobs
+    /// 6 to 9 one at a time; SIGKILL.
+    Grouped,
+    /// Six in one write and nothing after them, so no later record's stamp
+    /// says they were synced; then SIGTERM, or SIGKILL once the server
+    /// has been idle a moment.
+    LastGroup { kill: bool },
 }
 
-/// One try of [`grouped_jobs_then_kill`].
-async fn jobs_in_groups_then_kill() -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut daemon = Daemon::durable(dir.path(), SMALL).await;
-    let mut c = daemon.client().await;
-    let group: String = (0..6)
-        .map(|k| format!("put 0 0 60 5\r\njob {k}\r\n"))
-        .collect();
-    c.send(group.as_bytes()).await;
-    for _ in 0..6 {
-        let reply = c.line().await;
-        assert!(reply.starts_with("INSERTED "), "{reply}");
+impl Jobs {
+    /// Puts the jobs and stops the server; returns how many jobs, the
+    /// directory and the newest log file.
+    ///
+    /// Where jobs 2 and 3 must share a group, what else the machine does
+    /// can prevent it (the writer may take the first puts before the rest
+    /// have come): then it is done again, five times at most.
+    async fn put(self) -> (usize, tempfile::TempDir, std::path::PathBuf) {
+        if let Jobs::OneByOne = self {
+            let (dir, log) = jobs_then_kill(6).await;
+            return (6, dir, log);
+        }
+        for _ in 0..5 {
+            let (n, dir, log) = self.put_once().await;
+            let file = std::fs::read(&log).unwrap();
+            let (_, end) = record_of(&file, "job 2");
+            // The record after job 2's was written before job 2's was
+            // synced when its stamp (its seq minus the gap at byte 16) is
+            // below job 2's seq.
+            let gap = u32::from_le_bytes(file[end + 16..end + 20].try_into().unwrap());
+            if gap > 1 {
+                return (n, dir, log);
+            }
+        }
+        panic!("jobs 2 and 3 were not written in one group, five times over");
     }
-    for k in 6..10 {
-        c.put_ok(0, 0, 60, format!("job {k}").as_bytes()).await;
+
+    async fn put_once(self) -> (usize, tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut daemon = Daemon::durable(dir.path(), SMALL).await;
+        let mut c = daemon.client().await;
+        let group: String = (0..6)
+            .map(|k| format!("put 0 0 60 5\r\njob {k}\r\n"))
+            .collect();
+        c.send(group.as_bytes()).await;
+        for _ in 0..6 {
+            let reply = c.line().await;
+            assert!(reply.starts_with("INSERTED "), "{reply}");
+        }
+        let n = match self {
+            Jobs::LastGroup { kill: false } => {
+                daemon.signal(libc::SIGTERM);
+                assert!(daemon.wait_exit().success());
+                6
+            }
+            Jobs::LastGroup { kill: true } => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                daemon.kill();
+                6
+            }
+            _ => {
+                for k in 6..10 {
+                    c.put_ok(0, 0, 60, format!("job {k}").as_bytes()).await;
+                }
+                daemon.kill();
+                10
+            }
+        };
+        let log = log_files(dir.path()).pop().expect("a log file");
+        (n, dir, log)
     }
-    daemon.kill();
-    let log = log_files(dir.path()).pop().expect("a log file");
-    (dir, log)
 }
 
 /// Damages the record of job 2 with `damage` (given the file and the
 /// record's bounds), then checks that delayq refuses to start, naming
 /// the file and the record's offset, that refusing changed nothing (it
 /// refuses again), and that with `--salvage` it serves every job but job 2.
-/// `grouped`: the jobs as [`grouped_jobs_then_kill`] puts them (ten),
-/// else six put one at a time.
-async fn refused_then_salvaged(grouped: bool, damage: impl FnOnce(&mut [u8], usize, usize)) {
-    let (n, (dir, log)) = if grouped {
-        (10, grouped_jobs_then_kill().await)
-    } else {
-        (6, jobs_then_kill(6).await)
-    };
+async fn refused_then_salvaged(jobs: Jobs, damage: impl FnOnce(&mut [u8], usize, usize)) {
+    let (n, dir, log) = jobs.put().await;
     let mut file = std::fs::read(&log).unwrap();
-    // With `grouped`, what makes the case: the record after the damaged one
-    // was written before it was synced, so only the later groups tell that
-    // the damaged record had been synced.
+    // Past `OneByOne`, what makes the case: the record after the damaged
+    // one was written before it was synced, so only the later groups, or
+    // the head file's synced mark, tell that the damaged record had been
+    // synced.
     let (start, end) = record_of(&file, "job 2");
     damage(&mut file, start, end);
     std::fs::write(&log, &file).unwrap();
@@ -196,7 +224,10 @@ fn record_of(file: &[u8], body: &str) -> (usize, usize) {
 /// the file and offset; with `--salvage` it starts without that record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_is_refused_then_salvaged() {
-    refused_then_salvaged(false, |file, start, end| file[(start + end) / 2] ^= 0x40).await;
+    refused_then_salvaged(Jobs::OneByOne, |file, start, end| {
+        file[(start + end) / 2] ^= 0x40
+    })
+    .await;
 }
 
 /// The same in a record written in one group with those after it: the
@@ -205,7 +236,10 @@ async fn a_flipped_byte_is_refused_then_salvaged() {
 /// tail that would drop (and clear from the disk) every job after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_in_a_group_synced_since_is_refused_then_salvaged() {
-    refused_then_salvaged(true, |file, start, end| file[(start + end) / 2] ^= 0x40).await;
+    refused_then_salvaged(Jobs::Grouped, |file, start, end| {
+        file[(start + end) / 2] ^= 0x40
+    })
+    .await;
 }
 
 /// A whole record turned to zeros in the middle of the newest log file
@@ -214,13 +248,30 @@ async fn a_flipped_byte_in_a_group_synced_since_is_refused_then_salvaged() {
 /// named, not a silent end that drops every job after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zeroed_record_with_synced_records_after_it_is_refused_then_salvaged() {
-    refused_then_salvaged(false, |file, start, end| file[start..end].fill(0)).await;
+    refused_then_salvaged(Jobs::OneByOne, |file, start, end| file[start..end].fill(0)).await;
 }
 
 /// The same, the record written in one group with those after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zeroed_record_in_a_group_synced_since_is_refused_then_salvaged() {
-    refused_then_salvaged(true, |file, start, end| file[start..end].fill(0)).await;
+    refused_then_salvaged(Jobs::Grouped, |file, start, end| file[start..end].fill(0)).await;
+}
+
+/// A flipped byte in the last group written before a clean stop: no later
+/// record's stamp says that group was synced, but the head file's synced
+/// mark does, so it is damage, not a torn tail (which would drop, and
+/// clear from the disk, every job after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_the_last_group_before_a_stop_is_refused_then_salvaged() {
+    let flip = |file: &mut [u8], start: usize, end: usize| file[(start + end) / 2] ^= 0x40;
+    refused_then_salvaged(Jobs::LastGroup { kill: false }, flip).await;
+}
+
+/// The same when the server was killed, idle, after that group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zeroed_record_in_the_last_group_before_a_kill_is_refused_then_salvaged() {
+    let zero = |file: &mut [u8], start: usize, end: usize| file[start..end].fill(0);
+    refused_then_salvaged(Jobs::LastGroup { kill: true }, zero).await;
 }
 
 /// The same hole where nothing after it was synced (`-F`) is a torn tail:

@@ -101,6 +101,9 @@ pub struct Listing {
     pub spares: Vec<PathBuf>,
     /// The head file, as read (`None`: there is none), and its generation.
     pub head: Option<Result<(Head, u64), String>>,
+    /// The highest record the head file says was synced (0: it says
+    /// none, or there is no head file).
+    pub synced: u64,
 }
 
 /// Lists `dir`, removing leftover `*.tmp` files.
@@ -129,6 +132,7 @@ pub fn list(dir: &Path) -> io::Result<Listing> {
             listing.spares.push(path);
         } else if name == HEAD_FILE {
             listing.head = Some(read_head(&path));
+            listing.synced = read_synced(&path);
         }
     }
     listing.logs.sort();
@@ -252,6 +256,42 @@ fn encode_head(head: &Head, generation: u64) -> [u8; HEAD_LEN] {
     b
 }
 
+/// Where the head file keeps the synced mark: the highest record known
+/// synced, written by the writer thread when it has nothing more to write
+/// (not synced itself: it only ever says less than is on disk). It tells
+/// recovery which records of the newest log file were synced, when no
+/// later record's stamp says so, as none does for the last group before a
+/// stop: a bad record among them is damage, not a torn tail. In the first
+/// sector, between the two copies: a write of it rewrites the first copy
+/// with its own bytes.
+const SYNCED_AT: u64 = 256;
+const SYNCED_MAGIC: &[u8; 8] = b"DELAYQSY";
+const SYNCED_LEN: usize = 20;
+
+fn encode_synced(seq: u64) -> [u8; SYNCED_LEN] {
+    let mut b = [0u8; SYNCED_LEN];
+    b[..8].copy_from_slice(SYNCED_MAGIC);
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..16]);
+    b[16..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The synced mark of a head file; 0 if it has none or it is not whole
+/// (heads written before 2026-12-07 have none).
+fn read_synced(path: &Path) -> u64 {
+    let Ok(data) = fs::read(path) else { return 0 };
+    let at = SYNCED_AT as usize;
+    let Some(b) = data.get(at..at + SYNCED_LEN) else {
+        return 0;
+    };
+    let crc = u32::from_le_bytes(b[16..].try_into().expect("4 bytes"));
+    if &b[..8] != SYNCED_MAGIC || crc != crc32c::crc32c(&b[..16]) {
+        return 0;
+    }
+    u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"))
+}
+
 /// The checksum of a head copy: its version and everything after the
 /// checksum itself, so that a changed version is a damaged copy, not a
 /// copy read by the wrong rules.
@@ -332,6 +372,16 @@ impl HeadFile {
             file,
             generation: 1,
         })
+    }
+
+    /// Sets the synced mark to `seq` (see [`SYNCED_AT`]); synced only if
+    /// `sync`.
+    pub fn mark_synced(&mut self, seq: u64, sync: bool) -> io::Result<()> {
+        self.file.write_all_at(&encode_synced(seq), SYNCED_AT)?;
+        if sync {
+            self.file.sync_data()?;
+        }
+        Ok(())
     }
 
     /// Says `head`, synced: written over the older copy.
@@ -446,6 +496,26 @@ mod tests {
         bytes[HEAD_SLOTS[0] as usize + 30] ^= 1;
         fs::write(&path, &bytes).unwrap();
         assert!(read_head(&path).is_err());
+    }
+
+    /// The synced mark reads back, leaves both copies whole, and reads as
+    /// 0 (nothing known synced) when it is missing or damaged.
+    #[test]
+    fn the_synced_mark_reads_back_and_a_damaged_one_says_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(HEAD_FILE);
+        let mut file = HeadFile::create(dir.path(), &head(1)).unwrap();
+        assert_eq!(read_synced(&path), 0, "a new head has no mark");
+        file.write(&head(2)).unwrap();
+        file.mark_synced(41, false).unwrap();
+        file.mark_synced(42, true).unwrap();
+        assert_eq!(read_synced(&path), 42);
+        assert_eq!(read_head(&path), Ok((head(2), 2)));
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[SYNCED_AT as usize + 9] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_synced(&path), 0);
+        assert_eq!(read_head(&path), Ok((head(2), 2)));
     }
 
     /// The version is part of a head copy's checksum: a flipped version

@@ -286,6 +286,25 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         );
         head_file = None;
     }
+    // Everything recovered is on disk (recovery synced the newest files;
+    // the older ones were synced before their successors began), and
+    // nothing above it is: a mark left higher (synced records lost from
+    // the end of the log) would take records numbered anew there for
+    // synced ones.
+    let recovered = got.next_seq - 1;
+    if listing.synced > recovered {
+        warn!(
+            dir = %dir.display(), synced = listing.synced, log_ends = recovered,
+            "the log ends before the last record known synced: the newest log \
+             file lost records from its end"
+        );
+    }
+    if let Some(file) = head_file.as_mut()
+        && let Err(e) = file.mark_synced(recovered, true)
+    {
+        warn!(dir = %dir.display(), error = %e, "cannot write the head file's synced mark");
+        head_file = None;
+    }
     info!(
         dir = %dir.display(), jobs = live_jobs, records = got.records,
         skipped = got.skipped, damaged_rests_skipped = got.rests_skipped,

@@ -8,7 +8,8 @@
 //! * a torn tail (the newest file's last record cut short or failing its
 //!   checksum, with nothing valid after it, or only records written after
 //!   the last sync, which a crash may leave in any order) is cut off with a
-//!   warning, and everything before it is served;
+//!   warning, and everything before it is served; records at or below the
+//!   head file's synced mark were synced, whatever their stamps say;
 //! * past the last record of an older file, a file recycled as a spare
 //!   keeps its old records' remains: when the next file begins with the
 //!   record that was next, nothing is missing and they are not damage;
@@ -242,7 +243,16 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         // last sync: a log file is synced before the next one begins.
         let from_disk = i + 2 >= replay.len();
         let used = replay_file(
-            path, *version, newest, next_first, from_disk, start, state, salvage, &mut out,
+            path,
+            *version,
+            newest,
+            next_first,
+            from_disk,
+            listing.synced,
+            start,
+            state,
+            salvage,
+            &mut out,
             &mut buf,
         )?;
         // A file of an older format is read, never appended to: the next
@@ -365,6 +375,7 @@ fn replay_file(
     newest: bool,
     next_first: Option<u64>,
     from_disk: bool,
+    synced: u64,
     start: u64,
     state: &mut State,
     salvage: bool,
@@ -426,7 +437,13 @@ fn replay_file(
         if next.is_none() && next_first == Some(out.next_seq) {
             return Ok(at as u64);
         }
-        if newest && !synced_after(data, version, at + 1, out.next_seq) {
+        // A bad record with valid ones after it is a torn tail only if
+        // none of them was synced: no later record's stamp says so, nor
+        // the head file's synced mark (which covers the last group before
+        // a stop, where no stamp comes after).
+        let torn = next.is_none()
+            || (out.next_seq > synced && !synced_after(data, version, at + 1, out.next_seq));
+        if newest && torn {
             warn!(
                 file = %path.display(), offset = at, reason = %why,
                 "cut off a torn tail of the log (what a crash mid-write leaves); \
