@@ -79,7 +79,10 @@ fn parse_shards(s: &str) -> Result<Spread, String> {
     name = "delayq",
     version,
     about,
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    // A flag given twice takes the last value, as beanstalkd's getopt
+    // does (a unit file that adds `-f 10` to a command with `-f 50`).
+    args_override_self = true
 )]
 pub struct Flags {
     /// An admin subcommand to run against a running server, instead of
@@ -458,6 +461,31 @@ mod tests {
             SyncPolicy::Every(Duration::from_millis(50))
         );
         assert_eq!(durable(&["-F", "-f", "0"]).policy, SyncPolicy::Always);
+        // Given twice, the last wins, as in beanstalkd.
+        assert_eq!(
+            durable(&["-f", "50", "-f", "10"]).policy,
+            SyncPolicy::Every(Duration::from_millis(10))
+        );
+        assert_eq!(durable(&["-F", "-F"]).policy, SyncPolicy::Never);
+        assert_eq!(durable(&["-s", "4096", "-s", "8192"]).file_size, 8192);
+        let s = settings(&["-p", "1", "-p", "2", "-l", "a", "-l", "b"]).unwrap();
+        assert_eq!((s.listen.as_str(), s.port), ("b", 2));
+        // Repeatable flags still gather every value.
+        let tubes = match settings(&[
+            "--redis-cluster",
+            "redis://a:1",
+            "--one-shard-tube",
+            "x",
+            "--one-shard-tube",
+            "y",
+        ])
+        .unwrap()
+        .engine
+        {
+            Engine::Redis { options, .. } => options.whole_tubes,
+            other => panic!("not Redis: {other:?}"),
+        };
+        assert_eq!(tubes, ["x", "y"]);
         assert!(settings(&["--in-memory", "-b", "d"]).is_err());
         assert!(settings(&["--redis", "redis://x", "-b", "d"]).is_err());
     }
