@@ -340,6 +340,10 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         b.live_bytes = live_bytes;
         b.appended = got.replayed_bytes;
         b.snapshot_bytes = got.snapshot_bytes;
+        // A start that skipped damage compacts at once: the snapshot then
+        // holds what was served, and the damaged files are removed with
+        // the others before it, so the next start needs no `--salvage`.
+        b.compact = got.salvaged;
         for path in &listing.spares {
             let n = path
                 .extension()

@@ -73,6 +73,9 @@ pub struct Recovered {
     /// be lowered before a log file of a number up to it is made, or the
     /// next start would take that file for the newest and miss the rest.
     pub head_lowered: bool,
+    /// The start skipped damage (`--salvage`): the damaged files are to be
+    /// compacted away at once, or the next start would refuse them again.
+    pub salvaged: bool,
 }
 
 /// The fewest bytes a put's record takes (its frame, its kind and its
@@ -135,6 +138,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         leftovers: Vec::new(),
         damaged: Vec::new(),
         head_lowered: false,
+        salvaged: false,
     };
     let head = match &listing.head {
         Some(Ok((head, _))) => Some(*head),
@@ -270,6 +274,13 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         missing_newest(listing, &head, &headers, state, salvage, &mut out)?;
     }
     out.log_end = out.next_seq;
+    out.salvaged =
+        out.skipped > 0 || out.rests_skipped > 0 || !out.damaged.is_empty() || out.head_lowered;
+    if out.salvaged {
+        // New records begin a new file, so that a snapshot taken now lies
+        // wholly after the damaged files, and they go with the rest.
+        out.current = None;
+    }
     if out.next_seq < start {
         // The log ends before the snapshot begins: the records in between
         // never reached the disk (the server stopped after the snapshot was
