@@ -349,3 +349,14 @@ async fn a_second_process_on_one_directory_is_refused() {
     let mut c = first.client().await;
     c.put_ok(0, 0, 60, b"still here").await;
 }
+
+/// A data directory that is a file: the start is refused, saying so.
+#[test]
+fn a_data_directory_that_is_a_file_is_refused_by_name() {
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("jobs");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let (status, stderr) = start_or_refuse(&file, &[]).expect("a refusal, not a start");
+    assert!(!status.success());
+    assert!(stderr.contains("is a file, not a directory"), "{stderr}");
+}

@@ -163,10 +163,11 @@ const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// process holds the directory, damage and where, an I/O error).
 pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     std::fs::create_dir_all(&options.dir).map_err(|e| {
-        format!(
-            "cannot create the data directory {}: {e}",
-            options.dir.display()
-        )
+        let dir = options.dir.display();
+        match std::fs::metadata(&options.dir) {
+            Ok(m) if !m.is_dir() => format!("the data directory {dir} is a file, not a directory"),
+            _ => format!("cannot create the data directory {dir}: {e}"),
+        }
     })?;
     // Said in full at start, so nobody has to guess which directory it was.
     let dir = &std::fs::canonicalize(&options.dir).map_err(|e| {
