@@ -2,7 +2,7 @@
 //! [`delayq::server::run`]; or, given a subcommand, the admin client
 //! [`delayq::cli::run`].
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
@@ -46,6 +46,11 @@ fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| DEFAULT_LOG.into()))
         .with_writer(std::io::stderr)
         .with_ansi(colour)
+        // A log whose reader has gone (a `| logger` that died) must not
+        // stop the server. By default a failed write is reported with
+        // `eprintln!`, which panics on the same broken pipe: at start, or
+        // in the task that logged, such as the one that handles SIGTERM.
+        .log_internal_errors(false)
         .init();
     // Under a file-size limit (`ulimit -f`, a unit's LimitFSIZE) a write
     // past it kills the process with SIGXFSZ, every client cut off and
@@ -87,7 +92,8 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 fn no_runtime(e: &std::io::Error) -> ExitCode {
-    eprintln!("delayq: cannot start the runtime: {e}");
+    // Not `eprintln!`, which panics if standard error is a broken pipe.
+    let _ = writeln!(std::io::stderr(), "delayq: cannot start the runtime: {e}");
     ExitCode::FAILURE
 }
 
