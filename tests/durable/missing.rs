@@ -305,3 +305,30 @@ async fn a_snapshot_cut_short_is_refused_then_salvaged_saying_so() {
         "the summary counts it: {said}"
     );
 }
+
+/// One copy of the head file damaged: the start goes on with the other (a
+/// crash can tear the write of a copy), and says so, since a failing disk
+/// does the same and weakens the check the head is for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_copy_of_the_head_is_said_and_the_other_used() {
+    const N: usize = 300;
+    let (dir, _) = filled(N).await;
+    let head = dir.path().join("head");
+    let mut bytes = std::fs::read(&head).unwrap();
+    // Both copies: the start goes on with either one whole.
+    for at in [30, 512 + 30] {
+        let mut one = bytes.clone();
+        one[at] ^= 1;
+        std::fs::write(&head, &one).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let log = scratch.path().join("delayq.log");
+        let daemon = Daemon::durable_logged(dir.path(), FILES, &log).await;
+        let mut c = daemon.client().await;
+        assert_eq!(ready_ids(&mut c).await.len(), N);
+        drop(c);
+        stop(daemon);
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert!(said.contains("copies is damaged"), "{said}");
+        bytes = std::fs::read(&head).unwrap();
+    }
+}

@@ -20,6 +20,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use tracing::warn;
+
 /// Bytes of a file header.
 pub const HEADER: u64 = 32;
 /// The format version this build writes (2: varint fields in records).
@@ -329,9 +331,22 @@ fn decode_head(b: &[u8]) -> Option<(Head, u64, u32)> {
 /// build does not know (written by a newer delayq).
 pub fn read_head(path: &Path) -> Result<(Head, u64), String> {
     let data = fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
-    let (head, generation, version) = HEAD_SLOTS
+    let whole: Vec<_> = HEAD_SLOTS
         .iter()
         .filter_map(|&at| decode_head(data.get(at as usize..)?))
+        .collect();
+    if whole.len() == 1 {
+        // A torn write of a copy leaves this, and so does a failing disk,
+        // which would also weaken the check the head is for: said, not
+        // refused, as the whole copy is still a lower bound.
+        warn!(
+            file = %path.display(),
+            "one of the head file's two copies is damaged (a write torn by a crash, \
+             or a failing disk); the other is used"
+        );
+    }
+    let (head, generation, version) = whole
+        .into_iter()
         .max_by_key(|&(_, generation, _)| generation)
         .ok_or_else(|| "neither of its two copies is whole".to_string())?;
     if !(OLDEST_VERSION..=VERSION).contains(&version) {
