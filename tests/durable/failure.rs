@@ -407,3 +407,26 @@ async fn a_restart_after_a_failed_write_serves_what_the_disk_has() {
         acked.len() as u64
     );
 }
+
+/// The data directory deleted under a running server: its log file takes
+/// writes and syncs as before, but nothing in it would survive a restart,
+/// so no change is answered as made from then on; reads go on, and the
+/// log says how to save the jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_removed_under_the_server_stops_changes() {
+    let scratch = tempfile::tempdir().unwrap();
+    let data = scratch.path().join("data");
+    let said = scratch.path().join("delayq.log");
+    let daemon = Daemon::durable_logged(&data, &[], &said).await;
+    let mut c = daemon.client().await;
+    let kept = c.put_ok(0, 0, 60, b"before").await;
+    std::fs::remove_dir_all(&data).unwrap();
+    assert_eq!(c.put(0, 0, 60, b"after").await, "INTERNAL_ERROR");
+    assert_eq!(c.put(0, 0, 60, b"again").await, "INTERNAL_ERROR");
+    assert_eq!(c.found(&format!("peek {kept}")).await.body, b"before");
+    let said = std::fs::read_to_string(&said).unwrap();
+    assert!(
+        said.contains("was removed") && said.contains("delayq export"),
+        "{said}"
+    );
+}

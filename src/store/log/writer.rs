@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -367,6 +367,14 @@ impl Shared {
             self.fail("fdatasync", &e);
             return Err(());
         }
+        // A log file removed under a running server (its directory
+        // deleted, say) takes writes and syncs as before, but nothing in it
+        // would survive a restart: no change written to it may be answered
+        // as made. One `fstat` a sync.
+        if handle.metadata().is_ok_and(|m| m.nlink() == 0) {
+            self.removed();
+            return Err(());
+        }
         self.sync_times.observe(start.elapsed());
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.store(upto, Ordering::Release);
@@ -387,6 +395,23 @@ impl Shared {
             "THE LOG FAILED: delayq takes no more changes (they could not be made safe); \
              reads go on. Restart it once the cause is fixed: the log is recovered \
              up to the last record that reached the disk"
+        );
+        self.lock().failed = Some(why.clone());
+        self.marks.send_modify(|m| m.failed = Some(why));
+    }
+
+    /// Stops taking changes, for good: the log file is no longer in the
+    /// directory.
+    fn removed(&self) {
+        let why: Arc<str> = Arc::from(format!(
+            "the log file was removed from {} while delayq ran",
+            self.dir.display()
+        ));
+        error!(
+            error = %why,
+            "THE LOG FAILED: delayq takes no more changes (a restart would not find \
+             them); reads go on. The jobs are still served from memory: save them with \
+             `delayq export` before a restart, and put them back with `delayq import`"
         );
         self.lock().failed = Some(why.clone());
         self.marks.send_modify(|m| m.failed = Some(why));
