@@ -28,16 +28,7 @@ impl Ext4 {
         let fs = Ext4 { dir, image };
         run("mkfs.ext4", &["-q", "-F"], &fs.image)?;
         std::fs::create_dir(fs.path()).map_err(|e| e.to_string())?;
-        let mnt = fs.path();
-        let out = Command::new("mount")
-            .args(["-o", "loop,errors=remount-ro"])
-            .arg(&fs.image)
-            .arg(&mnt)
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
+        mount(&["-o", "loop,errors=remount-ro"], &fs.image, &fs.path())?;
         Ok(fs)
     }
 
@@ -71,23 +62,47 @@ impl Ext4 {
     fn remount(&self) {
         let mnt = self.path();
         run("umount", &[], &mnt).expect("unmount");
-        let out = Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&self.image)
-            .arg(&mnt)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mount again: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        mount(&["-o", "loop"], &self.image, &mnt).expect("mount again");
     }
 }
 
 impl Drop for Ext4 {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+    }
+}
+
+/// A file system on a loop device, made by `mount`, or `None` (the reason
+/// printed) where this kernel or user cannot have one.
+fn on_a_loop_device<T>(mount: impl FnOnce() -> Result<T, String>, what: &str) -> Option<T> {
+    if !Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: this kernel has no loop devices");
+        return None;
+    }
+    mounted_or_skipped(mount(), what)
+}
+
+/// Puts 50 jobs with bodies `PREFIX N`; returns each id and its body.
+async fn put_jobs(c: &mut crate::common::Client, prefix: &str) -> Vec<(u64, String)> {
+    let mut acked = Vec::new();
+    for n in 0..50 {
+        let body = format!("{prefix} {n}");
+        acked.push((c.put_ok(0, 0, 60, body.as_bytes()).await, body));
+    }
+    acked
+}
+
+/// Mounts `source` at `at` with the options `args`; the error says why not.
+fn mount(args: &[&str], source: &Path, at: &Path) -> Result<(), String> {
+    let out = Command::new("mount")
+        .args(args)
+        .arg(source)
+        .arg(at)
+        .output()
+        .map_err(|e| format!("cannot run mount: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
     }
 }
 
@@ -113,22 +128,14 @@ fn run(program: &str, args: &[&str], path: &Path) -> Result<(), String> {
 /// nothing refused is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_file_system_stops_changes_and_keeps_what_was_acknowledged() {
-    if !Path::new("/dev/loop-control").exists() {
-        eprintln!("skipped: this kernel has no loop devices");
-        return;
-    }
-    let Some(fs) = mounted_or_skipped(Ext4::mount(64), "an ext4 image") else {
+    let Some(fs) = on_a_loop_device(|| Ext4::mount(64), "an ext4 image") else {
         return;
     };
     let data = fs.path().join("data");
     let mut daemon = Daemon::durable(&data, &[]).await;
     let mut c = daemon.client().await;
     // Each acknowledged job and its body.
-    let mut acked = Vec::new();
-    for n in 0..50 {
-        let body = format!("job {n}");
-        acked.push((c.put_ok(0, 0, 60, body.as_bytes()).await, body));
-    }
+    let acked = put_jobs(&mut c, "job").await;
     fs.fail();
     // The file system is read-only once `fail` returns: from here on no
     // put may be answered INSERTED.
@@ -154,19 +161,27 @@ async fn a_failing_file_system_stops_changes_and_keeps_what_was_acknowledged() {
     drop(c);
 
     fs.remount();
-    let daemon = Daemon::durable(&data, &[]).await;
+    // Only the acknowledged jobs are back: the put under way at the
+    // failure is not.
+    only_these_are_back(&data, &acked).await;
+}
+
+/// Starts a server on `data` and checks that its ready jobs are `acked`
+/// (id and body), and no others.
+async fn only_these_are_back(data: &Path, acked: &[(u64, String)]) {
+    let daemon = Daemon::durable(data, &[]).await;
     let mut c = daemon.client().await;
-    for (id, body) in &acked {
+    for (id, body) in acked {
         assert_eq!(
             c.found(&format!("peek {id}")).await.body,
             body.as_bytes(),
-            "job {id}, acknowledged before the failure"
+            "job {id}, acknowledged"
         );
     }
     assert_eq!(
         c.stats().await.num("current-jobs-ready"),
         acked.len() as u64,
-        "only the acknowledged jobs are back: the put under way at the failure is not"
+        "jobs back that were never acknowledged"
     );
 }
 
@@ -188,14 +203,11 @@ impl Leaky {
         let fs = Leaky { dir };
         std::fs::create_dir(fs.backing()).map_err(|e| e.to_string())?;
         std::fs::create_dir(fs.path()).map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=40m", "tmpfs"])
-            .arg(fs.backing())
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
+        mount(
+            &["-t", "tmpfs", "-o", "size=40m"],
+            Path::new("tmpfs"),
+            &fs.backing(),
+        )?;
         std::fs::write(fs.image(), vec![0u8; 32 << 20]).map_err(|e| e.to_string())?;
         run(
             "mkfs.ext4",
@@ -209,15 +221,7 @@ impl Leaky {
             ],
             &fs.image(),
         )?;
-        let out = Command::new("mount")
-            .args(["-o", "loop,errors=continue"])
-            .arg(fs.image())
-            .arg(fs.path())
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
+        mount(&["-o", "loop,errors=continue"], &fs.image(), &fs.path())?;
         Ok(fs)
     }
 
@@ -292,13 +296,7 @@ impl Leaky {
     /// after a reboot.
     fn remount(&self) {
         run("umount", &[], &self.path()).expect("unmount");
-        let out = Command::new("mount")
-            .args(["-o", "loop,errors=continue"])
-            .arg(self.image())
-            .arg(self.path())
-            .output()
-            .expect("run mount");
-        assert!(out.status.success(), "mount again");
+        mount(&["-o", "loop,errors=continue"], &self.image(), &self.path()).expect("mount again");
     }
 }
 
@@ -326,21 +324,13 @@ fn log_end(path: &Path) -> u64 {
 /// was, with records after it, and calls the log damaged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_after_a_failed_write_serves_what_the_disk_has() {
-    if !Path::new("/dev/loop-control").exists() {
-        eprintln!("skipped: this kernel has no loop devices");
-        return;
-    }
-    let Some(fs) = mounted_or_skipped(Leaky::mount(), "an ext4 image on a tmpfs") else {
+    let Some(fs) = on_a_loop_device(Leaky::mount, "an ext4 image on a tmpfs") else {
         return;
     };
     let data = fs.path().join("data");
     let mut daemon = Daemon::durable(&data, &[]).await;
     let mut c = daemon.client().await;
-    let mut acked = Vec::new();
-    for n in 0..50 {
-        let body = format!("before {n}");
-        acked.push((c.put_ok(0, 0, 60, body.as_bytes()).await, body));
-    }
+    let mut acked = put_jobs(&mut c, "before").await;
     let log = crate::log_files(&data).pop().expect("a log file");
     // Pads the log to a block's end, so that the refused record fills a
     // block of its own: the loop device fails a write of whole blocks
@@ -393,19 +383,7 @@ async fn a_restart_after_a_failed_write_serves_what_the_disk_has() {
     drop(c);
 
     fs.remount();
-    let daemon = Daemon::durable(&data, &[]).await;
-    let mut c = daemon.client().await;
-    for (id, body) in &acked {
-        assert_eq!(
-            c.found(&format!("peek {id}")).await.body,
-            body.as_bytes(),
-            "job {id}, acknowledged"
-        );
-    }
-    assert_eq!(
-        c.stats().await.num("current-jobs-ready"),
-        acked.len() as u64
-    );
+    only_these_are_back(&data, &acked).await;
 }
 
 /// The data directory deleted under a running server: its log file takes
