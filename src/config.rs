@@ -130,20 +130,20 @@ pub struct Flags {
     #[arg(long)]
     pub salvage: bool,
     /// Keep the jobs in this process's memory only: a restart loses them.
-    #[arg(long, conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage", "redis"])]
+    #[arg(long, conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "log_file_size", "salvage", "redis"])]
     pub in_memory: bool,
     /// Store jobs in Redis at this URL (redis://[:password@]host:port/db, or
     /// redis+unix:///path) instead of in a data directory.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage", "redis_cluster", "redis_sentinel"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "log_file_size", "salvage", "redis_cluster", "redis_sentinel"])]
     pub redis: Option<String>,
     /// Store jobs in a Redis Cluster reached through these nodes
     /// (comma-separated URLs: redis://host:port,redis://host:port).
-    #[arg(long, value_name = "URLS", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage", "redis_sentinel"])]
+    #[arg(long, value_name = "URLS", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "log_file_size", "salvage", "redis_sentinel"])]
     pub redis_cluster: Option<String>,
     /// Store jobs in the Redis primary these sentinels name (comma-separated
     /// URLs of sentinels: redis://host:26379,redis://host2:26379), following
     /// its failovers.
-    #[arg(long, value_name = "URLS", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "salvage"])]
+    #[arg(long, value_name = "URLS", conflicts_with_all = ["data_dir", "fsync_every", "no_fsync", "log_file_size", "salvage"])]
     pub redis_sentinel: Option<String>,
     /// The name the sentinels know the primary by.
     #[arg(
@@ -487,6 +487,18 @@ mod tests {
         };
         assert_eq!(tubes, ["x", "y"]);
         assert!(settings(&["--in-memory", "-b", "d"]).is_err());
+        // The log's flags all belong to the durable engine alone.
+        for log_flag in [
+            &["-f", "50"][..],
+            &["-F"],
+            &["-s", "100000"],
+            &["--salvage"],
+        ] {
+            for engine in [&["--in-memory"][..], &["--redis", "redis://x"]] {
+                let args = [engine, log_flag].concat();
+                assert!(settings(&args).is_err(), "{args:?} accepted");
+            }
+        }
         assert!(settings(&["--redis", "redis://x", "-b", "d"]).is_err());
     }
 
