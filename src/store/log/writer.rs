@@ -367,6 +367,7 @@ impl Shared {
             self.fail("fdatasync", &e);
             return Err(());
         }
+        self.sync_times.observe(start.elapsed());
         // A log file removed under a running server (its directory
         // deleted, say) takes writes and syncs as before, but nothing in it
         // would survive a restart: no change written to it may be answered
@@ -375,7 +376,6 @@ impl Shared {
             self.removed();
             return Err(());
         }
-        self.sync_times.observe(start.elapsed());
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.store(upto, Ordering::Release);
         self.marks.send_modify(|m| m.synced = m.synced.max(upto));
@@ -387,31 +387,37 @@ impl Shared {
         self.buf.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Stops taking changes, for good, and says why.
+    /// Stops taking changes, for good, and says why: a write or sync
+    /// failed.
     fn fail(&self, what: &str, e: &io::Error) {
-        let why: Arc<str> = Arc::from(format!("{what} failed: {e}"));
-        error!(
-            error = %why,
-            "THE LOG FAILED: delayq takes no more changes (they could not be made safe); \
-             reads go on. Restart it once the cause is fixed: the log is recovered \
-             up to the last record that reached the disk"
+        self.stop_changes(
+            format!("{what} failed: {e}"),
+            "they could not be made safe",
+            "Restart it once the cause is fixed: the log is recovered up to the last \
+             record that reached the disk",
         );
-        self.lock().failed = Some(why.clone());
-        self.marks.send_modify(|m| m.failed = Some(why));
     }
 
-    /// Stops taking changes, for good: the log file is no longer in the
-    /// directory.
+    /// The same when the log file is no longer in the directory.
     fn removed(&self) {
-        let why: Arc<str> = Arc::from(format!(
-            "the log file was removed from {} while delayq ran",
-            self.dir.display()
-        ));
+        self.stop_changes(
+            format!(
+                "the log file was removed from {} while delayq ran",
+                self.dir.display()
+            ),
+            "a restart would not find them",
+            "The jobs are still served from memory: save them with `delayq export` \
+             before a restart, and put them back with `delayq import`",
+        );
+    }
+
+    /// Stops taking changes for `why`, which `because` and `next` explain
+    /// to whoever reads the log.
+    fn stop_changes(&self, why: String, because: &str, next: &str) {
+        let why: Arc<str> = Arc::from(why);
         error!(
             error = %why,
-            "THE LOG FAILED: delayq takes no more changes (a restart would not find \
-             them); reads go on. The jobs are still served from memory: save them with \
-             `delayq export` before a restart, and put them back with `delayq import`"
+            "THE LOG FAILED: delayq takes no more changes ({because}); reads go on. {next}"
         );
         self.lock().failed = Some(why.clone());
         self.marks.send_modify(|m| m.failed = Some(why));
