@@ -61,6 +61,10 @@ pub struct Request {
     pub mode: Mode,
     /// The command, or the client error to answer with.
     pub command: Result<Command, ClientError>,
+    /// The error refuses a `put` whose line was good but whose body was not
+    /// (too big, or not ended by CRLF): beanstalkd counts such puts in
+    /// `cmd-put` all the same.
+    pub refused_put: bool,
 }
 
 #[derive(Debug)]
@@ -71,8 +75,9 @@ enum State {
     Discard,
     /// A `put` or `schedule` line was read; its body and CRLF come next.
     Body(Header),
-    /// A body too big to keep: drop `left` more bytes, then say so.
-    Skip { left: u64 },
+    /// A body too big to keep: drop `left` more bytes, then say so; `put`
+    /// if it was a `put`'s.
+    Skip { left: u64, put: bool },
 }
 
 /// The beanstalkd protocol codec, with the JSON-lines extension.
@@ -99,6 +104,15 @@ impl Codec {
         Some(Request {
             mode: Mode::Text,
             command,
+            refused_put: false,
+        })
+    }
+
+    fn refused_put(error: ClientError) -> Option<Request> {
+        Some(Request {
+            mode: Mode::Text,
+            command: Err(error),
+            refused_put: true,
         })
     }
 }
@@ -147,6 +161,7 @@ impl Decoder for Codec {
                         let request = Request {
                             mode: Mode::Json,
                             command,
+                            refused_put: false,
                         };
                         let Some(token) = token else {
                             return Ok(Some(request));
@@ -157,6 +172,7 @@ impl Decoder for Codec {
                         return Ok(Some(Request {
                             mode: Mode::Quiet,
                             command: Ok(Command::Auth(token)),
+                            refused_put: false,
                         }));
                     }
                     match parse_line(line) {
@@ -166,6 +182,7 @@ impl Decoder for Codec {
                             if header.bytes() > header.max_bytes(&self.limits) {
                                 self.state = State::Skip {
                                     left: header.bytes().saturating_add(2),
+                                    put: header.is_put(),
                                 };
                             } else {
                                 // Room for a job's body at once; an import
@@ -189,15 +206,20 @@ impl Decoder for Codec {
                         return Ok(None);
                     }
                 },
-                State::Skip { left } => {
+                State::Skip { left, put } => {
                     let n = (*left).min(buf.len() as u64) as usize;
                     buf.advance(n);
                     *left -= n as u64;
                     if *left > 0 {
                         return Ok(None);
                     }
+                    let put = *put;
                     self.state = State::Line { scanned: 0 };
-                    return Ok(Codec::text(Err(ClientError::JobTooBig)));
+                    return Ok(if put {
+                        Codec::refused_put(ClientError::JobTooBig)
+                    } else {
+                        Codec::text(Err(ClientError::JobTooBig))
+                    });
                 }
                 State::Body(header) => {
                     let len = header.bytes() as usize;
@@ -209,16 +231,19 @@ impl Decoder for Codec {
                     else {
                         unreachable!("matched Body above")
                     };
-                    let framed_ok = &buf[len..len + 2] == b"\r\n";
+                    if &buf[len..len + 2] != b"\r\n" {
+                        buf.advance(len + 2);
+                        return Ok(if header.is_put() {
+                            Codec::refused_put(ClientError::ExpectedCrlf)
+                        } else {
+                            Codec::text(Err(ClientError::ExpectedCrlf))
+                        });
+                    }
                     // Copied out so that a long-lived job does not pin the
                     // whole read buffer it arrived in.
                     let body = Bytes::copy_from_slice(&buf[..len]);
                     buf.advance(len + 2);
-                    return Ok(Codec::text(if framed_ok {
-                        header.with_body(body)
-                    } else {
-                        Err(ClientError::ExpectedCrlf)
-                    }));
+                    return Ok(Codec::text(header.with_body(body)));
                 }
             }
         }
@@ -240,6 +265,7 @@ impl Codec {
         Some(Request {
             mode: if json { Mode::Json } else { Mode::Text },
             command: Err(ClientError::BadFormat),
+            refused_put: false,
         })
     }
 }

@@ -217,6 +217,11 @@ impl Header {
         }
     }
 
+    /// Whether this is a `put`'s header.
+    pub fn is_put(&self) -> bool {
+        matches!(self, Header::Put(_))
+    }
+
     /// The longest body this header may announce under `limits`: a job's
     /// body, or for `import` a whole export line, as long as a JSON command
     /// line may be (its body may be written with every byte escaped).

@@ -208,7 +208,12 @@ async fn answer<S: Store, T: Transport>(
                 None => return false,
             }
         }
-        Err(e) => Outcome::Reply(e.into()),
+        Err(e) => {
+            if request.refused_put {
+                session.count_refused_put(e);
+            }
+            Outcome::Reply(e.into())
+        }
     };
     let reply = match outcome {
         Outcome::Reply(reply) => reply,

@@ -13,6 +13,7 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio::time::{Instant, Sleep, sleep_until};
 use tracing::{debug, error, warn};
 
+use super::ClientError;
 use super::command::Command;
 use super::reply::Reply;
 use super::stats::{Cmd, ServerStats};
@@ -400,12 +401,22 @@ impl<S: Store> Session<S> {
     /// Counts a command in `stats`, and the roles it gives the connection
     /// (`current-producers`, `current-workers`).
     pub(super) fn count(&mut self, cmd: &Command) {
-        let Some(counter) = Cmd::of(cmd) else {
-            return;
-        };
+        if let Some(counter) = Cmd::of(cmd) {
+            self.count_as(counter, true);
+        }
+    }
+
+    /// Counts a `put` refused for its body, as beanstalkd does: in
+    /// `cmd-put` either way, and as a producer only once the body was read
+    /// (`EXPECTED_CRLF`), not when it was skipped (`JOB_TOO_BIG`).
+    pub(super) fn count_refused_put(&mut self, error: ClientError) {
+        self.count_as(Cmd::Put, error == ClientError::ExpectedCrlf);
+    }
+
+    fn count_as(&mut self, counter: Cmd, roles: bool) {
         let stats = &self.shared.stats;
         stats.count(counter);
-        if !self.connection {
+        if !self.connection || !roles {
             return;
         }
         let role = match counter {

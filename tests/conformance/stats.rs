@@ -85,6 +85,7 @@ backend_tests!(
     stats_command_counters,
     stats_job_counts_by_state,
     stats_connection_counters,
+    refused_puts_are_counted_as_beanstalkd_counts_them,
     version_is_the_crate_version,
 );
 
@@ -365,6 +366,31 @@ async fn stats_connection_counters(backend: Backend) {
     let mut e = server.client().await;
     e.reserved(&format!("reserve-job {ready}")).await;
     assert_eq!(d.stats().await.num("current-workers"), 1);
+}
+
+async fn refused_puts_are_counted_as_beanstalkd_counts_them(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    // A body too big is skipped unread: a `put`, but no producer yet.
+    let mut a = server.client().await;
+    a.send(b"put 0 0 60 70000\r\n").await;
+    a.send(&vec![b'x'; 70_002]).await;
+    assert_eq!(a.line().await, "JOB_TOO_BIG");
+    let s = a.stats().await;
+    assert_eq!((s.num("cmd-put"), s.num("current-producers")), (1, 0));
+    // A body read but not ended by CRLF: its connection is a producer.
+    let mut b = server.client().await;
+    b.send(b"put 0 0 60 1\r\nxyz").await;
+    assert_eq!(b.line().await, "EXPECTED_CRLF");
+    let s = a.stats().await;
+    assert_eq!((s.num("cmd-put"), s.num("current-producers")), (2, 1));
+    // A malformed line is not a put at all; neither is a refused import.
+    let mut c = server.client().await;
+    assert_eq!(c.reply("put 0 0 sixty 1").await, "BAD_FORMAT");
+    c.send(b"import 3\r\nabcXY").await;
+    assert_eq!(c.line().await, "EXPECTED_CRLF");
+    let s = c.stats().await;
+    assert_eq!((s.num("cmd-put"), s.num("current-producers")), (2, 1));
+    assert_eq!(s.num("total-jobs"), 0);
 }
 
 async fn version_is_the_crate_version(backend: Backend) {
