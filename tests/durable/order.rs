@@ -4,7 +4,8 @@
 //! record. Tried one put at a time, with puts pipelined, with puts and
 //! deletes pipelined together (the replies then held until one sync covers
 //! them all), and with a put followed by more replies than the write buffer
-//! holds.
+//! holds. And a connection's pipelined puts keep their order, in ids and in
+//! their tube, while the log's files switch under them.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -13,8 +14,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::daemon::{BIN, free_port, wait_exit};
-use crate::common::{Client, REPLY_TIMEOUT};
+use crate::common::daemon::{BIN, Daemon, free_port, wait_exit};
+use crate::common::{Client, Job, REPLY_TIMEOUT};
 
 /// The job bodies of the puts, in the order they were sent on the one
 /// connection; each is a marker that can be found in the traced `pwrite`s.
@@ -195,4 +196,55 @@ fn check_order(trace: &str, sent: &[String]) -> usize {
         }
     }
     replies
+}
+
+/// A connection's pipelined puts run side by side, and while log files
+/// switch under them some wait for room in the next file: they must still
+/// get their ids, and their places in the tube, in the order they were
+/// sent, before and after a restart. (They did not: those that waited were
+/// woken in another order, and puts behind them could overtake.)
+#[tokio::test]
+async fn pipelined_puts_keep_their_order_while_files_switch() {
+    const PUTS: usize = 6000;
+    const BATCH: usize = 500;
+    let dir = tempfile::tempdir().expect("a data directory");
+    // Small files, so that a batch's bodies span several switches.
+    let mut daemon = Daemon::durable(dir.path(), &["-s", "65536"]).await;
+    let mut c = daemon.client().await;
+    let body = |n: usize| format!("{n:08}{}", "x".repeat(4000));
+    let mut ids = Vec::new();
+    for start in (0..PUTS).step_by(BATCH) {
+        let mut wire = Vec::new();
+        for n in start..start + BATCH {
+            let b = body(n);
+            wire.extend_from_slice(format!("put 100 0 60 {}\r\n{b}\r\n", b.len()).as_bytes());
+        }
+        c.send(&wire).await;
+        for _ in 0..BATCH {
+            let line = c.line().await;
+            let id: u64 = line
+                .strip_prefix("INSERTED ")
+                .and_then(|id| id.parse().ok())
+                .unwrap_or_else(|| panic!("a put answered {line:?}"));
+            ids.push(id);
+        }
+    }
+    let misplaced: Vec<_> = (1..PUTS).filter(|&n| ids[n] <= ids[n - 1]).collect();
+    assert!(
+        misplaced.is_empty(),
+        "{} puts got an id below the one sent before them, the first at put {:?}",
+        misplaced.len(),
+        misplaced.first()
+    );
+    let order = |jobs: Vec<Job>| -> Vec<usize> {
+        jobs.iter()
+            .map(|j| std::str::from_utf8(&j.body[..8]).unwrap().parse().unwrap())
+            .collect()
+    };
+    let sent: Vec<usize> = (0..PUTS).collect();
+    // Taken after a crash, in the order they were sent.
+    daemon.kill();
+    let daemon = Daemon::durable(dir.path(), &["-s", "65536"]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(order(crate::reserve_all(&mut c).await), sent);
 }

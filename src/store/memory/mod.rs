@@ -14,6 +14,7 @@
 //! of `src/store/log/` it is the durable one. The mutex is a `std` one and
 //! is never held across an `.await`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -42,6 +43,38 @@ pub struct MemoryStore<L: Log = Volatile> {
     state: Arc<Mutex<State>>,
     clock: Clock,
     log: L,
+    /// Changes the log had no room for, waiting to run again in the order
+    /// they came: a connection's pipelined puts run side by side, and must
+    /// still get their ids, and their place in their tube, in the order
+    /// they were sent.
+    queue: RoomQueue,
+}
+
+/// The line of changes waiting for room in the log.
+#[derive(Default)]
+struct RoomQueue {
+    /// How many changes are in it (or about to be): while any are, a new
+    /// change joins the line instead of trying on its own and overtaking.
+    waiting: AtomicUsize,
+    /// Taken in turn (tokio's mutex is fair); its holder tries the log.
+    turn: tokio::sync::Mutex<()>,
+}
+
+/// A place in the [`RoomQueue`], given up when dropped, also when the
+/// change's connection goes away while it waits.
+struct InLine<'a>(&'a AtomicUsize);
+
+impl<'a> InLine<'a> {
+    fn join(waiting: &'a AtomicUsize) -> InLine<'a> {
+        waiting.fetch_add(1, Ordering::SeqCst);
+        InLine(waiting)
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Default for MemoryStore {
@@ -77,7 +110,12 @@ enum Reply {
 impl<L: Log> MemoryStore<L> {
     /// A store over `state`, reading `clock`, writing its records to `log`.
     pub fn from_parts(state: Arc<Mutex<State>>, clock: Clock, log: L) -> MemoryStore<L> {
-        MemoryStore { state, clock, log }
+        MemoryStore {
+            state,
+            clock,
+            log,
+            queue: RoomQueue::default(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -94,37 +132,58 @@ impl<L: Log> MemoryStore<L> {
     /// Runs one transition at the current time, its records going to the
     /// log, and answers as `reply` says. A transition refused for want of
     /// prepared room in the log (it changed nothing) runs again once the
-    /// log has prepared more, unless the disk is full.
+    /// log has prepared more, unless the disk is full; it and every change
+    /// after it wait in line, so none overtakes another.
     async fn change<T>(
         &self,
         reply: Reply,
         mut f: impl FnMut(&mut State, Micros, &mut L::Journal<'_>) -> StoreResult<T>,
     ) -> StoreResult<T> {
-        loop {
-            let (out, written) = {
-                let mut state = self.lock();
-                let now = self.clock.now();
-                let mut journal = self.log.journal();
-                // The journal holds the log's buffer, so the log cannot
-                // fail between this look and the transition's records.
-                let out = match journal.refusing() {
-                    Some(e) if reply == Reply::WhenSafe => Err(e),
-                    _ => f(&mut state, now, &mut journal),
-                };
-                state.note_unpaused(&mut journal);
-                (out, journal.written())
-            };
-            if matches!(out, Err(StoreError::OutOfMemory)) && self.log.wait_for_room().await {
-                continue;
-            }
-            if reply == Reply::WhenSafe && out.is_ok() {
-                // Also for a change that wrote nothing (a put answered
-                // EXISTS, a delete of a job deleted a moment ago): what it
-                // answers about may still be on its way to the disk.
-                self.log.settle(written).await?;
-            }
-            return out;
+        let mut tried = None;
+        if self.queue.waiting.load(Ordering::SeqCst) == 0 {
+            tried = Some(self.try_change(reply, &mut f));
         }
+        let (out, written) = match tried {
+            Some((Err(StoreError::OutOfMemory), _)) | None => {
+                let _in_line = InLine::join(&self.queue.waiting);
+                let _turn = self.queue.turn.lock().await;
+                loop {
+                    let (out, written) = self.try_change(reply, &mut f);
+                    if matches!(out, Err(StoreError::OutOfMemory)) && self.log.wait_for_room().await
+                    {
+                        continue;
+                    }
+                    break (out, written);
+                }
+            }
+            Some(done) => done,
+        };
+        if reply == Reply::WhenSafe && out.is_ok() {
+            // Also for a change that wrote nothing (a put answered EXISTS, a
+            // delete of a job deleted a moment ago): what it answers about
+            // may still be on its way to the disk.
+            self.log.settle(written).await?;
+        }
+        out
+    }
+
+    /// One try of a transition; the sequence number of its last record.
+    fn try_change<T>(
+        &self,
+        reply: Reply,
+        f: &mut impl FnMut(&mut State, Micros, &mut L::Journal<'_>) -> StoreResult<T>,
+    ) -> (StoreResult<T>, u64) {
+        let mut state = self.lock();
+        let now = self.clock.now();
+        let mut journal = self.log.journal();
+        // The journal holds the log's buffer, so the log cannot fail between
+        // this look and the transition's records.
+        let out = match journal.refusing() {
+            Some(e) if reply == Reply::WhenSafe => Err(e),
+            _ => f(&mut state, now, &mut journal),
+        };
+        state.note_unpaused(&mut journal);
+        (out, journal.written())
     }
 }
 
