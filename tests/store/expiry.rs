@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use delayq::job::{Backoff, JobCounters, JobState, Lifecycle, NewJob};
+use delayq::job::{Backoff, JobCounters, JobState, Lifecycle, NewJob, PutOutcome};
 use delayq::names::JobId;
 use delayq::store::{Store, TubeRef};
 
@@ -35,6 +35,7 @@ store_tests!(
     a_tubes_ttl_is_given_to_the_jobs_put_without_one,
     tick_says_when_the_next_expiry_is_due,
     tick_comes_back_for_the_ids_of_ended_unique_windows,
+    an_expired_jobs_unique_window_counts_from_its_ttl_not_the_tick,
 );
 
 /// Only a time to live.
@@ -444,4 +445,27 @@ async fn tick_comes_back_for_the_ids_of_ended_unique_windows(env: Env<impl Store
             "the id freed, nothing is due"
         );
     }
+}
+
+/// A job whose time to live ran out while nothing ticked (delayq was down)
+/// went when its time ran out: its unique window counts from then, not from
+/// the tick that found it, which after an outage is much later.
+async fn an_expired_jobs_unique_window_counts_from_its_ttl_not_the_tick(env: Env<impl Store>) {
+    let life = Lifecycle {
+        ttl: Some(SECOND),
+        unique: Some(SECOND),
+        ..Lifecycle::default()
+    };
+    // Used, so that the tube outlives its job.
+    env.attach("u", TubeRef::Using).await;
+    let first = job("u").id("late:1").life(life);
+    env.put(first.clone()).await;
+    // Its time runs out at 1 s and its window at 2 s; the tick comes after.
+    pass(&env, 2 * SECOND).await;
+    check_expired(&env, "u", 1, 1).await;
+    let again = env.broker.put(first).await.expect("put");
+    assert!(
+        matches!(again, PutOutcome::Inserted(_)),
+        "the id is free once the window that began at the ttl's end is over: {again:?}"
+    );
 }

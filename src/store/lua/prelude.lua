@@ -674,8 +674,9 @@ local function come_back(key, job)
 end
 
 -- Removes a job for good: out of its state's index, the pool, the names
--- and the expiries.
-local function drop(key, job)
+-- and the expiries. `gone_at`: when it went, if before now (a time to live
+-- that ran out while nothing ticked), which its unique window counts from.
+local function drop(key, job, gone_at)
   unlink(key, job)
   redis.call('HDEL', P .. 'jobs', key)
   if job[NAME] ~= '' then redis.call('HDEL', P .. 'names', job[NAME]) end
@@ -684,7 +685,7 @@ local function drop(key, job)
     local window = tonumber(split_options(job[OPTIONS])[7])
     if window ~= nil and job[NAME] ~= '' then
       -- Its unique window: the client id stays taken until it ends.
-      local ends = from_now(window)
+      local ends = gone_at and gone_at + window or from_now(window)
       redis.call('ZADD', P .. 'taken', ends, job[NAME])
       -- A shard is ticked only when something in it falls due: this does,
       -- to free the id.
@@ -702,8 +703,8 @@ local function name_taken(name)
 end
 
 -- Removes a job whose time to live ran out, and counts it.
-local function expire(key, job)
-  drop(key, job)
+local function expire(key, job, gone_at)
+  drop(key, job, gone_at)
   count(tube_key('tube', job[TUBE]), 'expired', 1)
   count(P .. 'totals', 'expired', 1)
 end

@@ -166,18 +166,22 @@ OPS.tick = function(batch, process)
 
   -- Jobs whose time to live ran out: removed, unless a worker holds one,
   -- which then goes when it is let go of.
-  local ended = redis.call('ZRANGEBYSCORE', P .. 'expiries', '-inf', now, 'LIMIT', 0, budget)
-  for _, key in ipairs(ended) do
+  local ended = redis.call('ZRANGEBYSCORE', P .. 'expiries', '-inf', now,
+    'WITHSCORES', 'LIMIT', 0, budget)
+  for i = 1, #ended, 2 do
+    local key = ended[i]
     redis.call('ZREM', P .. 'expiries', key)
     local job = load(key)
     if job ~= nil and job[STATE] == 'reserved' then
       job[EXPIRED] = 1
       save(key, job)
     elseif job ~= nil then
-      expire(key, job)
+      -- Gone when its time ran out (its unique window counts from then),
+      -- not when this tick came, which after an outage is much later.
+      expire(key, job, tonumber(ended[i + 1]))
     end
   end
-  budget = budget - #ended
+  budget = budget - #ended / 2
   if budget <= 0 then return ticked(0) end
 
   -- Client ids whose unique window ended are free again (a put checks the

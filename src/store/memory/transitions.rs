@@ -709,8 +709,11 @@ impl State {
                 life.expired = true;
                 self.expiries.pop_first();
             } else {
+                // Gone when its time ran out, not when this tick came (after
+                // an outage, much later), so its unique window ends as if
+                // delayq had never stopped.
                 let job = self.expire(slot);
-                self.gone(&job, now, log);
+                self.gone(&job, at, log);
             }
             budget -= 1;
         }
