@@ -84,11 +84,14 @@ impl<S: Store> Broker<S> {
     /// Awaits one store call, timed as `op` once measuring is on: every
     /// call to the store goes through here.
     async fn call<T>(&self, op: StoreOp, call: impl Future<Output = T>) -> T {
-        let Some(started) = self.instruments.start() else {
-            return call.await;
-        };
+        let started = self.instruments.start();
         let out = call.await;
-        self.instruments.store_call(op, started);
+        if let Some(started) = started {
+            self.instruments.store_call(op, started);
+        }
+        if let Some(after) = self.store.windows_begun() {
+            self.alarm.schedule(after);
+        }
         out
     }
 

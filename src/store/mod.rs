@@ -295,6 +295,15 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(false)
     }
 
+    /// How soon the timer must look at the store again to free the client
+    /// ids of unique windows begun since this was last asked (a delete, a
+    /// finish or an expiry began them; nothing else tells the timer), once
+    /// they end. An engine that ticks by itself at least every
+    /// [`Store::max_sleep`] needs no more.
+    fn windows_begun(&self) -> Option<Duration> {
+        None
+    }
+
     /// How soon the timer must look at the store again, if a reserve that
     /// found nothing was held back by a rate limit: its waiting workers are
     /// served when the limit's second ends. (A timer that wakes once a

@@ -469,3 +469,34 @@ async fn an_expired_jobs_unique_window_counts_from_its_ttl_not_the_tick(env: Env
         "the id is free once the window that began at the ttl's end is over: {again:?}"
     );
 }
+
+/// A delete that begins a unique window wakes the embedded engines' timer
+/// at the window's end (and a second, to free ids in batches): nothing else
+/// would, and an idle server kept every id it should have freed, in memory
+/// and in every snapshot. (Redis's timer ticks by itself every second.)
+async fn a_unique_window_begun_wakes_the_timer_at_its_end(env: Env<impl Store>) {
+    assert_eq!(env.broker.tick().await.expect("tick"), None, "nothing due");
+    let life = Lifecycle {
+        unique: Some(Duration::from_millis(1)),
+        ..Lifecycle::default()
+    };
+    let id = env.put(job("u").id("window:1").life(life)).await;
+    assert!(env.broker.delete(1, &id).await.expect("delete"), "deleted");
+    assert!(!env.broker.timer_behind(), "the window has not ended");
+    // Its end, and the second the timer may wait to free ids together.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(
+        env.broker.timer_behind(),
+        "the timer was told to wake when the window ended"
+    );
+}
+
+#[tokio::test]
+async fn memory_a_unique_window_begun_wakes_the_timer_at_its_end() {
+    a_unique_window_begun_wakes_the_timer_at_its_end(crate::engines::memory().await).await
+}
+
+#[tokio::test]
+async fn durable_a_unique_window_begun_wakes_the_timer_at_its_end() {
+    a_unique_window_begun_wakes_the_timer_at_its_end(crate::engines::durable().await).await
+}

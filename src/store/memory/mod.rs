@@ -14,7 +14,7 @@
 //! of `src/store/log/` it is the durable one. The mutex is a `std` one and
 //! is never held across an `.await`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ pub struct MemoryStore<L: Log = Volatile> {
     state: Arc<Mutex<State>>,
     clock: Clock,
     log: L,
+    /// When the timer must wake to free the ids of unique windows begun
+    /// since it was last told (µs since the epoch; `u64::MAX`: none).
+    window_end: AtomicU64,
     /// Changes the log had no room for, waiting to run again in the order
     /// they came: a connection's pipelined puts run side by side, and must
     /// still get their ids, and their place in their tube, in the order
@@ -114,6 +117,7 @@ impl<L: Log> MemoryStore<L> {
             state,
             clock,
             log,
+            window_end: AtomicU64::new(u64::MAX),
             queue: RoomQueue::default(),
         }
     }
@@ -183,6 +187,9 @@ impl<L: Log> MemoryStore<L> {
             _ => f(&mut state, now, &mut journal),
         };
         state.note_unpaused(&mut journal);
+        if let Some(end) = state.window_begun.take() {
+            self.window_end.fetch_min(end, Ordering::Relaxed);
+        }
         (out, journal.written())
     }
 }
@@ -386,6 +393,14 @@ impl<L: Log> Store for MemoryStore<L> {
             Ok(())
         })
         .await
+    }
+
+    fn windows_begun(&self) -> Option<Duration> {
+        if self.window_end.load(Ordering::Relaxed) == u64::MAX {
+            return None;
+        }
+        let end = self.window_end.swap(u64::MAX, Ordering::Relaxed);
+        (end != u64::MAX).then(|| Duration::from_micros(end.saturating_sub(self.clock.now())))
     }
 
     fn held_back(&self) -> Option<Duration> {

@@ -287,6 +287,10 @@ pub struct State {
     /// and the same by time, for the timer to let them go.
     pub(super) taken: HashMap<Arc<str>, Micros>,
     pub(super) taken_until: BTreeSet<(Micros, Arc<str>)>,
+    /// The earliest end of a unique window begun since the store last
+    /// passed it on to the timer, which must wake then to free the id: the
+    /// delete or finish that began it does not say so.
+    pub(super) window_begun: Option<Micros>,
     /// Tubes whose rate held a reserve back, by when the next second
     /// begins: the timer serves their waiting workers then.
     pub(crate) limited: BTreeSet<(Micros, Tube)>,
@@ -347,6 +351,7 @@ impl State {
             expired: 0,
             taken: HashMap::new(),
             taken_until: BTreeSet::new(),
+            window_begun: None,
             limited: BTreeSet::new(),
             bury_seq: 0,
             imported: 0,

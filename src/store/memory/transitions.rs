@@ -853,6 +853,8 @@ impl State {
             self.taken_until.remove(&(old, name.clone()));
         }
         self.taken_until.insert((until, name));
+        let end = until.saturating_add(TAKEN_SLACK);
+        self.window_begun = Some(self.window_begun.map_or(end, |e| e.min(end)));
     }
 
     /// A tube's settings.
