@@ -444,6 +444,7 @@ impl Shared {
 /// wait: 0.89, 0.82, 0.84 and 0.76 × beanstalkd `-b`, cycle p99 1.12 to
 /// 1.36 ×; with it: 0.66, 0.60, 0.54 and 0.70 ×, p99 1.44 to 1.56 ×.
 pub fn run(shared: Arc<Shared>) {
+    super::not_preempting();
     let mut last_sync = Instant::now();
     // The head file's synced mark as last written (recovery wrote it), and
     // when to write it again if nothing comes meanwhile.
