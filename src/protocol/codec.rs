@@ -108,11 +108,13 @@ impl Codec {
         })
     }
 
-    fn refused_put(error: ClientError) -> Option<Request> {
+    /// A body refused; `put` if it was a `put`'s (see
+    /// [`Request::refused_put`]).
+    fn body_refused(error: ClientError, put: bool) -> Option<Request> {
         Some(Request {
             mode: Mode::Text,
             command: Err(error),
-            refused_put: true,
+            refused_put: put,
         })
     }
 }
@@ -215,11 +217,7 @@ impl Decoder for Codec {
                     }
                     let put = *put;
                     self.state = State::Line { scanned: 0 };
-                    return Ok(if put {
-                        Codec::refused_put(ClientError::JobTooBig)
-                    } else {
-                        Codec::text(Err(ClientError::JobTooBig))
-                    });
+                    return Ok(Codec::body_refused(ClientError::JobTooBig, put));
                 }
                 State::Body(header) => {
                     let len = header.bytes() as usize;
@@ -233,11 +231,10 @@ impl Decoder for Codec {
                     };
                     if &buf[len..len + 2] != b"\r\n" {
                         buf.advance(len + 2);
-                        return Ok(if header.is_put() {
-                            Codec::refused_put(ClientError::ExpectedCrlf)
-                        } else {
-                            Codec::text(Err(ClientError::ExpectedCrlf))
-                        });
+                        return Ok(Codec::body_refused(
+                            ClientError::ExpectedCrlf,
+                            header.is_put(),
+                        ));
                     }
                     // Copied out so that a long-lived job does not pin the
                     // whole read buffer it arrived in.
