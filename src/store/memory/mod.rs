@@ -143,12 +143,12 @@ impl<L: Log> MemoryStore<L> {
         reply: Reply,
         mut f: impl FnMut(&mut State, Micros, &mut L::Journal<'_>) -> StoreResult<T>,
     ) -> StoreResult<T> {
-        let mut tried = None;
-        if self.queue.waiting.load(Ordering::SeqCst) == 0 {
-            tried = Some(self.try_change(reply, &mut f));
-        }
-        let (out, written) = match tried {
-            Some((Err(StoreError::OutOfMemory), _)) | None => {
+        let at_once = (self.queue.waiting.load(Ordering::SeqCst) == 0)
+            .then(|| self.try_change(reply, &mut f))
+            .filter(|(out, _)| !matches!(out, Err(StoreError::OutOfMemory)));
+        let (out, written) = match at_once {
+            Some(done) => done,
+            None => {
                 let _in_line = InLine::join(&self.queue.waiting);
                 let _turn = self.queue.turn.lock().await;
                 loop {
@@ -160,7 +160,6 @@ impl<L: Log> MemoryStore<L> {
                     break (out, written);
                 }
             }
-            Some(done) => done,
         };
         if reply == Reply::WhenSafe && out.is_ok() {
             // Also for a change that wrote nothing (a put answered EXISTS, a
