@@ -200,8 +200,8 @@ fn check_order(trace: &str, sent: &[String]) -> usize {
 
 /// A connection's pipelined puts run side by side, and while log files
 /// switch under them some wait for room in the next file: they must still
-/// get their ids, and their places in the tube, in the order they were
-/// sent, before and after a restart. (They did not: those that waited were
+/// get their ids in the order they were sent, and after a crash come out
+/// of their tube in that order. (They did not: those that waited were
 /// woken in another order, and puts behind them could overtake.)
 #[tokio::test]
 async fn pipelined_puts_keep_their_order_while_files_switch() {
