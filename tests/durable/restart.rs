@@ -477,7 +477,9 @@ async fn schedules_survive_sigkill_and_compaction() {
 
 /// A pause goes with its tube when the tube's last user leaves (as in
 /// beanstalkd): a restart does not bring it back onto the tube's next jobs.
-/// A paused tube that holds jobs keeps its pause across the restart.
+/// A paused tube that holds jobs keeps its pause across the restart; one
+/// that holds none goes at the restart, its users gone with the process,
+/// as after a clean stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_that_went_with_its_tube_does_not_come_back_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -491,17 +493,31 @@ async fn a_pause_that_went_with_its_tube_does_not_come_back_after_a_restart() {
     assert_eq!(c.cmd("pause-tube kept 100").await, "PAUSED");
     assert_eq!(c.cmd("use gone").await, "USING gone");
     c.put_ok(0, 0, 60, b"after the pause went").await;
+    assert_eq!(c.cmd("use empty").await, "USING empty");
+    assert_eq!(c.cmd("pause-tube empty 100").await, "PAUSED");
     daemon.kill();
 
-    let daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut daemon = Daemon::durable(dir.path(), &[]).await;
     let mut c = daemon.client().await;
     assert_eq!(c.stats_tube("gone").await.num("pause"), 0);
     assert_eq!(c.stats_tube("kept").await.num("pause"), 100);
+    assert_eq!(c.cmd("stats-tube empty").await, "NOT_FOUND");
+    assert_eq!(c.cmd("use empty").await, "USING empty");
+    c.put_ok(0, 0, 60, b"in the tube made anew").await;
+    assert_eq!(c.stats_tube("empty").await.num("pause"), 0);
     assert_eq!(c.cmd("watch gone").await, "WATCHING 2");
     assert_eq!(c.cmd("watch kept").await, "WATCHING 3");
     let job = c.reserved("reserve-with-timeout 0").await;
     assert_eq!(job.body, b"after the pause went");
     assert_eq!(c.cmd("reserve-with-timeout 0").await, "TIMED_OUT");
+    // Nor does a second restart bring the pause back onto its new job.
+    daemon.kill();
+    let daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.stats_tube("empty").await.num("pause"), 0);
+    assert_eq!(c.cmd("watch empty").await, "WATCHING 2");
+    let job = c.reserved("reserve-with-timeout 0").await;
+    assert_eq!(job.body, b"in the tube made anew");
 }
 
 /// `total-jobs` counts the jobs created since the server started, as in

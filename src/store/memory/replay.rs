@@ -268,9 +268,12 @@ impl State {
         self.link(slot, state, NO_CONN);
     }
 
-    /// After a replay: tubes that hold nothing and have no pause to keep go
-    /// (nobody uses or watches them yet), as do pauses that ended while the
-    /// server was down. `total-jobs` counts the jobs created by this
+    /// After a replay: tubes that hold nothing go, as do pauses that ended
+    /// while the server was down. Nobody uses or watches a tube yet: its
+    /// users went with the process, as at a clean stop, so an empty paused
+    /// tube goes with its pause (whose end is logged at the next change, so
+    /// that a job later put in a tube of that name is not paused by the
+    /// next replay). `total-jobs` counts the jobs created by this
     /// process, as beanstalkd's does after it reads its binlog back.
     pub fn replayed(&mut self, now: Micros) {
         if self.replay.is_some() {
@@ -300,9 +303,7 @@ impl State {
         }
         let tubes: Vec<Tube> = self.tubes.keys().cloned().collect();
         for tube in tubes {
-            if self.tubes[&tube].pause.is_none() {
-                self.forget_if_unused(&tube);
-            }
+            self.forget_if_unused(&tube);
         }
     }
 
