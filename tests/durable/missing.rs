@@ -244,6 +244,21 @@ async fn foreign_log_files_are_refused_then_set_aside_with_salvage() {
 /// log files there (the records before them are missing, and skipped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_with_a_bad_header_is_refused_then_skipped_with_salvage() {
+    bad_snapshot_header(0).await;
+}
+
+/// The same with a flip in the header's zeros (bytes 12 to 15 and, in a
+/// snapshot, 24 to 31), which a header without a checksum of its own must
+/// check as it checks the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_with_a_flip_in_its_header_zeros_is_refused_then_skipped_with_salvage() {
+    bad_snapshot_header(13).await;
+    bad_snapshot_header(28).await;
+}
+
+/// Damages a snapshot's header at byte `at`, then checks the refusal and
+/// the salvage.
+async fn bad_snapshot_header(at: usize) {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::durable(dir.path(), FILES).await;
     let mut c = daemon.client().await;
@@ -254,7 +269,7 @@ async fn a_snapshot_with_a_bad_header_is_refused_then_skipped_with_salvage() {
     stop(daemon);
     let snapshot = files_named(dir.path(), "snapshot.").pop().unwrap();
     let mut bytes = std::fs::read(&snapshot).unwrap();
-    bytes[0] ^= 0xff;
+    bytes[at] ^= 0x20;
     std::fs::write(&snapshot, &bytes).unwrap();
     refused(dir.path(), &[name(&snapshot), "bad header", "--salvage"]);
 

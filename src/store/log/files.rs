@@ -12,8 +12,11 @@
 //! ```
 //!
 //! A log file and a snapshot begin with a 32-byte header: a magic word, the
-//! format version, and two numbers (a log file's own number and the number
-//! of its first record; a snapshot's first record number to replay after it).
+//! format version, four zero bytes, and two numbers (a log file's own number
+//! and the number of its first record; a snapshot's first record number to
+//! replay after it, and zero). The header has no checksum of its own: every
+//! byte of it is checked against what it must be (the numbers against the
+//! file's name and its records), so the zeros must be zeros.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -75,8 +78,14 @@ pub fn read_header(kind: Kind, bytes: &[u8]) -> Result<(u64, u64, u32), String> 
             "format version {version}; this delayq reads versions {OLDEST_VERSION} to {VERSION}"
         ));
     }
+    if h[12..16] != [0; 4] {
+        return Err("its bytes 12 to 15 are not zero".into());
+    }
     let a = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
     let b = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
+    if kind == Kind::Snapshot && b != 0 {
+        return Err("its bytes 24 to 31 are not zero".into());
+    }
     Ok((a, b, version))
 }
 
@@ -481,6 +490,25 @@ mod tests {
                 .contains("version 3")
         );
         assert!(read_header(Kind::Log, &h[..10]).is_err());
+        // Every byte is checked: a flip in the zeros is damage too.
+        for at in 12..16 {
+            let mut flipped = h;
+            flipped[at] ^= 0x10;
+            assert!(
+                read_header(Kind::Log, &flipped)
+                    .unwrap_err()
+                    .contains("12 to 15")
+            );
+        }
+        let s = header(Kind::Snapshot, 7, 0);
+        assert_eq!(read_header(Kind::Snapshot, &s), Ok((7, 0, VERSION)));
+        let mut flipped = s;
+        flipped[30] ^= 1;
+        assert!(
+            read_header(Kind::Snapshot, &flipped)
+                .unwrap_err()
+                .contains("24 to 31")
+        );
     }
 
     /// A head naming log file `number`.
