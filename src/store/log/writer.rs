@@ -211,10 +211,10 @@ pub struct Shared {
     pub policy: SyncPolicy,
     /// The size of a log file.
     pub file_size: u64,
-    /// The log file being written, locked by whoever writes into it (the
-    /// writer thread, or with `-f`/`-F` a connection settling its change),
-    /// so that records reach it in order.
-    file: Mutex<Arc<File>>,
+    /// The log file being written, and its number, locked by whoever
+    /// writes into it (the writer thread, or with `-f`/`-F` a connection
+    /// settling its change), so that records reach it in order.
+    file: Mutex<(u64, Arc<File>)>,
     /// The head file, rewritten as each log file begins (`None`: it could
     /// not be made, and this run keeps none).
     pub(super) head: Mutex<Option<HeadFile>>,
@@ -284,7 +284,7 @@ impl Shared {
             dir_file,
             policy,
             file_size,
-            file: Mutex::new(Arc::new(current)),
+            file: Mutex::new((number, Arc::new(current))),
             head: Mutex::new(None),
             records_written: AtomicU64::new(0),
             records_migrated: AtomicU64::new(0),
@@ -313,8 +313,13 @@ impl Shared {
         }
         let records = written_records(self, upto);
         let mut emptied = Vec::new();
-        let opened = match write(self, &mut file, chunks, &mut emptied) {
-            Ok(opened) => opened,
+        let opened = match write(self, &mut file.1, chunks, &mut emptied) {
+            Ok(opened) => {
+                if let Some(number) = opened {
+                    file.0 = number;
+                }
+                opened
+            }
             Err((what, e)) => {
                 drop(file);
                 self.fail(what, &e);
@@ -325,7 +330,7 @@ impl Shared {
         // record copied into it before would not survive a kill.
         let map = opened
             .filter(|_| self.policy != SyncPolicy::Always)
-            .map(|number| Mapped::new(&file, number));
+            .map(|number| Mapped::new(&file.1, number));
         let unmapped = {
             let mut b = self.lock();
             b.free.append(&mut emptied);
@@ -358,9 +363,9 @@ impl Shared {
         // before it was begun; holding the file itself (not its lock) lets
         // writes go on while it syncs, and takes no descriptor, which a
         // server at its open-file limit may not have.
-        let (handle, upto) = {
+        let (number, handle, upto) = {
             let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
-            (Arc::clone(&file), self.marks.borrow().written)
+            (file.0, Arc::clone(&file.1), self.marks.borrow().written)
         };
         let start = Instant::now();
         if let Err(e) = handle.sync_data() {
@@ -371,8 +376,12 @@ impl Shared {
         // A log file removed under a running server (its directory
         // deleted, say) takes writes and syncs as before, but nothing in it
         // would survive a restart: no change written to it may be answered
-        // as made. One `fstat` a sync.
-        if handle.metadata().is_ok_and(|m| m.nlink() == 0) {
+        // as made. One `fstat` a sync. But the log may have moved on to the
+        // next file during the sync, and a snapshot removed this one, as it
+        // may once its records are all in the snapshot (synced, with its
+        // name on disk): those records are safe, and the file is no longer
+        // among those the log keeps.
+        if handle.metadata().is_ok_and(|m| m.nlink() == 0) && self.keeps(number) {
             self.removed();
             return Err(());
         }
@@ -380,6 +389,12 @@ impl Shared {
         self.synced.store(upto, Ordering::Release);
         self.marks.send_modify(|m| m.synced = m.synced.max(upto));
         Ok(())
+    }
+
+    /// Whether log file `number` is among those the log keeps (a snapshot
+    /// lets go of a file before it removes it).
+    fn keeps(&self, number: u64) -> bool {
+        self.lock().files.contains_key(&number)
     }
 
     /// Locks the buffer.
@@ -667,4 +682,58 @@ fn write(
         }
     }
     Ok(opened)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log whose current file is log file 1 of `dir`, which the log keeps
+    /// if `kept`.
+    fn log_in(dir: &std::path::Path, kept: bool) -> Shared {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(log_path(dir, 1))
+            .unwrap();
+        let files = if kept {
+            BTreeMap::from([(1, 1)])
+        } else {
+            BTreeMap::new()
+        };
+        let dir_file = File::open(dir).unwrap();
+        let shared = Shared::new(
+            dir.to_path_buf(),
+            SyncPolicy::Always,
+            4096,
+            1,
+            1,
+            0,
+            files,
+            file,
+            dir_file,
+        );
+        shared.marks.send_modify(|m| m.written = 1);
+        shared
+    }
+
+    /// The file being synced is gone from the directory: a failure if the
+    /// log still keeps it (someone else removed it), not if a snapshot let
+    /// go of it (the log had moved on to the next file, and the snapshot
+    /// holds its records). A reviewer's server stopped taking changes when
+    /// a snapshot removed the file a sync had just begun on.
+    #[test]
+    fn a_sync_of_a_removed_file_fails_only_if_the_log_still_keeps_it() {
+        for kept in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let shared = log_in(dir.path(), kept);
+            fs::remove_file(log_path(dir.path(), 1)).unwrap();
+            assert_eq!(shared.sync().is_err(), kept, "kept: {kept}");
+            let marks = shared.marks.borrow().clone();
+            assert_eq!(marks.failed.is_some(), kept, "kept: {kept}");
+            assert_eq!(marks.synced, if kept { 0 } else { 1 }, "kept: {kept}");
+        }
+    }
 }
