@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bulk;
 mod damage;
 mod descriptors;
 mod disk;

@@ -49,6 +49,9 @@ enum Class {
     Keep,
     /// A change that may be skipped.
     Note,
+    /// A change that may go beyond the prepared room (see
+    /// [`Journal::insist`]).
+    Insist,
     /// A delete: always taken.
     Forget,
 }
@@ -92,7 +95,12 @@ impl<'a> Appender<'a> {
                 // need; a burst can outrun it, so ask it for more.
                 b.room_wanted = true;
                 shared.chores.notify_one();
-                return Err(StoreError::OutOfMemory);
+                // What insists is taken all the same while the disk has
+                // room: into the deletes' share, which the keeper makes up
+                // before a put is taken again.
+                if class != Class::Insist || b.short_of_disk {
+                    return Err(StoreError::OutOfMemory);
+                }
             }
         }
         if switch && let Some(spare) = b.spares.pop_front() {
@@ -176,6 +184,10 @@ impl Journal for Appender<'_> {
 
     fn note(&mut self, record: Record<'_>) {
         let _ = self.append(&record, Class::Note);
+    }
+
+    fn insist(&mut self, record: Record<'_>) {
+        let _ = self.append(&record, Class::Insist);
     }
 
     fn refusing(&self) -> Option<StoreError> {

@@ -151,9 +151,17 @@ pub trait Journal {
     fn keep(&mut self, record: Record<'_>) -> StoreResult<()>;
 
     /// Records a change worth keeping that a crash may lose without harm (a
-    /// reserve's counter, a timeout: the job is ready after a restart either
-    /// way); skipped when room is short.
+    /// reserve's counter, a timeout that makes the job ready: it is ready
+    /// after a restart either way); skipped when room is short.
     fn note(&mut self, record: Record<'_>);
+
+    /// Records a change that cannot be refused and that a restart must not
+    /// undo: a job whose TTR ran out (or whose worker left) buried as a dead
+    /// letter, or delayed by its backoff. Taken beyond the room prepared
+    /// ahead when that runs short, as a delete is (a timeout of many jobs at
+    /// once outruns it); skipped only when the disk is known to be full, and
+    /// a crash may then lose it.
+    fn insist(&mut self, record: Record<'_>);
 
     /// Records that `job` is gone. Never refused for want of room: the room
     /// for it was set aside when the job was put.
@@ -214,6 +222,9 @@ impl Journal for Volatile {
 
     #[inline]
     fn note(&mut self, _: Record<'_>) {}
+
+    #[inline]
+    fn insist(&mut self, _: Record<'_>) {}
 
     #[inline]
     fn forget(&mut self, _: &JobImage<'_>) {}

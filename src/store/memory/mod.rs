@@ -284,8 +284,29 @@ impl<L: Log> Store for MemoryStore<L> {
     }
 
     async fn kick(&self, tube: &Tube, bound: u64) -> StoreResult<u64> {
-        self.change(WhenSafe, |st, _, log| st.kick(tube, bound, log))
-            .await
+        // A kick of more jobs than the log has room prepared for goes on in
+        // rounds, each once the keeper has prepared more, rather than stop
+        // short with room on the disk; only a full disk stops it short.
+        // The rounds keep to the first one's kind of job, as one kick does.
+        let (mut kicked, mut from) = (0, None);
+        loop {
+            let round = self
+                .change(WhenSafe, |st, _, log| {
+                    st.kick(tube, bound - kicked, from, log)
+                })
+                .await;
+            match round {
+                Ok(round) => {
+                    kicked += round.count;
+                    from = Some(round.from);
+                    if !round.short || kicked >= bound || !self.log.wait_for_room().await {
+                        return Ok(kicked);
+                    }
+                }
+                Err(_) if kicked > 0 => return Ok(kicked),
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     async fn kick_job(&self, id: &JobId) -> StoreResult<Option<Tube>> {

@@ -21,6 +21,27 @@ use crate::rules::{KickFrom, backoff_wait, kick_from, out_of_tries};
 use crate::schedule::MAX_SCHEDULES;
 use crate::store::{ConnId, Tick, TubeRef};
 
+/// What one [`State::kick`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kicked {
+    /// How many jobs it kicked.
+    pub count: u64,
+    /// Which of the tube's jobs it kicked.
+    pub from: KickFrom,
+    /// It stopped short of its bound for want of room in the log.
+    pub short: bool,
+}
+
+impl Default for Kicked {
+    fn default() -> Kicked {
+        Kicked {
+            count: 0,
+            from: KickFrom::Buried,
+            short: false,
+        }
+    }
+}
+
 /// Most due items one tick moves, so one pass never holds the lock for long.
 const TICK_BATCH: usize = 10_000;
 
@@ -542,14 +563,22 @@ impl State {
         })
     }
 
-    /// Kicks up to `bound` jobs of `tube` (see [`kick_from`]). Stops early
-    /// if the log refuses, and fails only if it refused the first.
-    pub fn kick(&mut self, tube: &Tube, bound: u64, log: &mut impl Journal) -> StoreResult<u64> {
+    /// Kicks up to `bound` jobs of `tube`, from `from` (else as
+    /// [`kick_from`] says). Stops early if the log refuses (`short`), and
+    /// fails only if it refused the first.
+    pub fn kick(
+        &mut self,
+        tube: &Tube,
+        bound: u64,
+        from: Option<KickFrom>,
+        log: &mut impl Journal,
+    ) -> StoreResult<Kicked> {
         let Some(ts) = self.tubes.get(tube) else {
-            return Ok(0);
+            return Ok(Kicked::default());
         };
         let bound = usize::try_from(bound).unwrap_or(usize::MAX);
-        let keys: Vec<u64> = match kick_from(ts.buried.len() as u64) {
+        let from = from.unwrap_or_else(|| kick_from(ts.buried.len() as u64));
+        let keys: Vec<u64> = match from {
             KickFrom::Buried => ts.buried.iter().take(bound).map(|&(_, k)| k).collect(),
             KickFrom::Delayed => ts.delayed.iter().take(bound).map(|&(_, k)| k).collect(),
         };
@@ -559,11 +588,19 @@ impl State {
                 return if kicked == 0 {
                     Err(e)
                 } else {
-                    Ok(kicked as u64)
+                    Ok(Kicked {
+                        count: kicked as u64,
+                        from,
+                        short: true,
+                    })
                 };
             }
         }
-        Ok(keys.len() as u64)
+        Ok(Kicked {
+            count: keys.len() as u64,
+            from,
+            short: false,
+        })
     }
 
     /// Kicks one buried or delayed job; returns its tube.
@@ -636,8 +673,7 @@ impl State {
                 // A worker that died holding the job failed it, as one
                 // whose TTR ran out: else a job that crashes its worker
                 // would come back at once for ever, never a dead letter.
-                self.time_out(slot, now, &mut ready);
-                log.note(Record::Meta(self.jobs[slot].meta()));
+                self.time_out(slot, now, &mut ready, log);
             } else {
                 // Given back unfailed (the server stops, or the reserve's
                 // client had gone): the try its reserve counted goes back
@@ -692,8 +728,7 @@ impl State {
             if self.gone_if_expired(slot, now, log) {
                 continue;
             }
-            self.time_out(slot, now, &mut ready);
-            log.note(Record::Meta(self.jobs[slot].meta()));
+            self.time_out(slot, now, &mut ready, log);
         }
         while budget > 0 {
             let Some(&(at, key)) = self.expiries.first() else {
@@ -756,8 +791,8 @@ impl State {
     }
 
     /// Moves a job whose TTR ran out: buried if it used up its tries,
-    /// else delayed by its backoff, else ready.
-    fn time_out(&mut self, slot: Slot, now: Micros, ready: &mut Vec<Tube>) {
+    /// else delayed by its backoff, else ready; and records it.
+    fn time_out(&mut self, slot: Slot, now: Micros, ready: &mut Vec<Tube>, log: &mut impl Journal) {
         let job = &mut self.jobs[slot];
         let (options, tries) = (job.options(), job.tries());
         if out_of_tries(&options, tries) {
@@ -769,6 +804,8 @@ impl State {
                 ..job.meta().round
             });
             self.relink(slot, St::Buried { seq }, NO_CONN);
+            // A restart would make the dead letter ready again.
+            log.insist(Record::Meta(self.jobs[slot].meta()));
             return;
         }
         let wait = backoff_wait(&options, job.key, tries).map_or(0, micros);
@@ -776,8 +813,11 @@ impl State {
             job.delay = wait;
             let due = now.saturating_add(wait);
             self.relink(slot, St::Delayed { due }, NO_CONN);
+            // A restart would make it ready before its backoff ends.
+            log.insist(Record::Meta(self.jobs[slot].meta()));
         } else {
             self.make_ready(slot, ready);
+            log.note(Record::Meta(self.jobs[slot].meta()));
         }
     }
 
