@@ -238,7 +238,10 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
     // snapshot's records are about as large as their put records): its
     // blocks are allocated, so a full disk does not stop it. Else into a
     // new file, and the room stays for a later one.
-    let fits = shared.lock().live_bytes + (64 << 10) <= Keeper::room_size(shared);
+    let fits = {
+        let b = shared.lock();
+        b.live_bytes + b.rest_bytes + (64 << 10) <= Keeper::room_size(shared)
+    };
     let file = match keeper.room.take() {
         Some(room) if fits => {
             fs::rename(shared.dir.join(ROOM), &tmp)?;
@@ -263,7 +266,7 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
         sync_preparing(shared, keeper, &file)?;
         Ok(done)
     });
-    let (records, bytes) = match written {
+    let (records, bytes, rest) = match written {
         Ok(done) => done,
         Err(e) => {
             let _ = fs::remove_file(&tmp);
@@ -294,6 +297,7 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
         let mut b = shared.lock();
         b.snapshot_at = appended_at_start;
         b.snapshot_bytes = bytes;
+        b.rest_bytes = rest;
         let current = b.number;
         let mut old = Vec::new();
         let numbers: Vec<(u64, u64)> = b.files.iter().map(|(&n, &f)| (n, f)).collect();
@@ -388,7 +392,7 @@ fn write_snapshot(
     start: u64,
     source: &dyn Source,
     between: &mut dyn FnMut(),
-) -> io::Result<(File, (u64, u64))> {
+) -> io::Result<(File, (u64, u64, u64))> {
     let mut out = BufWriter::with_capacity(1 << 20, file);
     out.write_all(&header(Kind::Snapshot, start, 0))?;
     let mut bytes = HEADER;
@@ -410,11 +414,12 @@ fn write_snapshot(
         count += 1;
         encode(&mut scratch, count, 0, &r);
     });
+    let rest = scratch.len() as u64;
     encode_end(&mut scratch, count + 1, count);
     out.write_all(&scratch)?;
     bytes += scratch.len() as u64;
     let file = out.into_inner().map_err(|e| e.into_error())?;
     // A snapshot written into the room ends where its records do.
     file.set_len(bytes)?;
-    Ok((file, (count, bytes)))
+    Ok((file, (count, bytes, rest)))
 }

@@ -225,8 +225,9 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     unsafe {
         libc::malloc_trim(0);
     }
-    let mut next_key = 1;
+    let (mut next_key, mut rest_bytes) = (1, 0u64);
     state.dump_rest(&mut |r| {
+        rest_bytes += record::encoded_len(&r) as u64;
         if let Record::Sequences { next_key: n, .. } = r {
             next_key = n;
         }
@@ -363,6 +364,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         b.next_key = next_key;
         b.live_jobs = live_jobs;
         b.live_bytes = live_bytes;
+        b.rest_bytes = rest_bytes;
         b.appended = got.replayed_bytes;
         b.snapshot_bytes = got.snapshot_bytes;
         // A start that skipped damage compacts at once: the snapshot then

@@ -161,6 +161,10 @@ pub struct Buf {
     /// `appended` when the last snapshot began, and the snapshot's size.
     pub snapshot_at: u64,
     pub snapshot_bytes: u64,
+    /// Bytes of the state that is not jobs (held client ids, tube
+    /// settings, schedules, pauses), as the last snapshot (or the start)
+    /// found it: live, like the jobs' bytes, not garbage to compact away.
+    pub rest_bytes: u64,
     /// The keeper should take a snapshot.
     pub compact: bool,
     /// A change was refused for want of prepared room: the keeper should
@@ -262,6 +266,7 @@ impl Shared {
                 appended: 0,
                 snapshot_at: 0,
                 snapshot_bytes: 0,
+                rest_bytes: 0,
                 compact: false,
                 room_wanted: false,
                 short_of_disk: false,
