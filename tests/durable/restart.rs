@@ -520,6 +520,27 @@ async fn a_pause_that_went_with_its_tube_does_not_come_back_after_a_restart() {
     assert_eq!(job.body, b"in the tube made anew");
 }
 
+/// `PAUSED` is an acknowledgment, a pause's end (`pause-tube T 0`) too: a
+/// SIGKILL right after it keeps it. A reviewer's kills at the reply undid
+/// up to a third of them when it was answered before its record was
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_answered_survives_a_kill_right_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), &[]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.cmd("use p").await, "USING p");
+    c.put_ok(0, 0, 60, b"keeps the tube").await;
+    for round in 1..=20u64 {
+        let secs = if round % 2 == 0 { 0 } else { 1000 + round };
+        assert_eq!(c.cmd(&format!("pause-tube p {secs}")).await, "PAUSED");
+        daemon.kill();
+        daemon = Daemon::durable(dir.path(), &[]).await;
+        c = daemon.client().await;
+        assert_eq!(c.stats_tube("p").await.num("pause"), secs, "round {round}");
+    }
+}
+
 /// `total-jobs` counts the jobs created since the server started, as in
 /// beanstalkd after it reads its binlog back: the jobs a restart brings
 /// back are there, not counted again.

@@ -625,13 +625,18 @@ impl State {
         delay: Duration,
         now: Micros,
         log: &mut impl Journal,
-    ) -> bool {
+    ) -> StoreResult<bool> {
         let Some(ts) = self.tubes.get_mut(tube) else {
-            return false;
+            return Ok(false);
         };
-        ts.cmd_pause += 1;
         let delay = micros(delay);
         let until = now.saturating_add(delay);
+        log.keep(Record::Pause {
+            tube: tube.as_str(),
+            length: delay,
+            until: if delay > 0 { until } else { 0 },
+        })?;
+        ts.cmd_pause += 1;
         let old = std::mem::replace(&mut ts.pause, (delay > 0).then_some((delay, until)));
         if let Some((_, until)) = old {
             self.pauses.remove(&(until, tube.clone()));
@@ -639,12 +644,7 @@ impl State {
         if delay > 0 {
             self.pauses.insert((until, tube.clone()));
         }
-        log.note(Record::Pause {
-            tube: tube.as_str(),
-            length: delay,
-            until: if delay > 0 { until } else { 0 },
-        });
-        true
+        Ok(true)
     }
 
     /// Returns to ready the jobs of `held` that `conn` still holds; returns
