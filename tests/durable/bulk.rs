@@ -59,22 +59,35 @@ async fn until_counted(c: &mut Client, state: &str, n: u64) {
     }
 }
 
-/// Counts after a clean stop and a start, then after a SIGKILL and a start.
-async fn counted_after_restarts(dir: &std::path::Path, daemon: Daemon) -> Vec<(u64, u64, u64)> {
-    let mut seen = Vec::new();
+/// Checks the counts of buried, delayed and ready jobs after a clean stop
+/// and a start, then after a SIGKILL and a start.
+async fn counted_after_restarts(dir: &std::path::Path, daemon: Daemon, want: (u64, u64, u64)) {
     stop(daemon);
-    for _ in 0..2 {
+    for restart in ["SIGTERM", "SIGKILL"] {
         let mut daemon = Daemon::durable(dir, FILES).await;
         let mut c = daemon.client().await;
         let stats = c.stats().await;
-        seen.push((
+        let seen = (
             stats.num("current-jobs-buried"),
             stats.num("current-jobs-delayed"),
             stats.num("current-jobs-ready"),
-        ));
+        );
+        assert_eq!(seen, want, "(buried, delayed, ready) after {restart}");
         daemon.kill();
     }
-    seen
+}
+
+/// A server on small log files holding `JOBS` dead letters, made by a
+/// worker that left holding them on their one try; its directory and a
+/// connection.
+async fn with_dead_letters() -> (tempfile::TempDir, Daemon, Client) {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::durable(dir.path(), FILES).await;
+    let mut c = daemon.client().await;
+    put_many(&mut c, 600, "tries=1").await;
+    drop(reserve_every_job(&daemon).await);
+    until_counted(&mut c, "buried", JOBS as u64).await;
+    (dir, daemon, c)
 }
 
 /// A worker that leaves holding thousands of jobs on their last try makes
@@ -83,17 +96,8 @@ async fn counted_after_restarts(dir: &std::path::Path, daemon: Daemon) -> Vec<(u
 /// were skipped, as a reserve's may be.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_made_in_bulk_stay_buried_after_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::durable(dir.path(), FILES).await;
-    let mut c = daemon.client().await;
-    put_many(&mut c, 600, "tries=1").await;
-    drop(reserve_every_job(&daemon).await);
-    until_counted(&mut c, "buried", JOBS as u64).await;
-    let want = (JOBS as u64, 0, 0);
-    assert_eq!(
-        counted_after_restarts(dir.path(), daemon).await,
-        [want, want]
-    );
+    let (dir, daemon, _c) = with_dead_letters().await;
+    counted_after_restarts(dir.path(), daemon, (JOBS as u64, 0, 0)).await;
 }
 
 /// The same when their TTRs run out together, and for jobs whose backoff
@@ -111,11 +115,7 @@ async fn timeouts_in_bulk_keep_their_burials_and_backoffs_after_a_restart() {
     let w = reserve_every_job(&daemon).await;
     until_counted(&mut c, "delayed", JOBS as u64).await;
     drop(w);
-    let want = (JOBS as u64, JOBS as u64, 0);
-    assert_eq!(
-        counted_after_restarts(dir.path(), daemon).await,
-        [want, want]
-    );
+    counted_after_restarts(dir.path(), daemon, (JOBS as u64, JOBS as u64, 0)).await;
 }
 
 /// `kick` of more jobs than the prepared room has records for kicks them
@@ -123,19 +123,10 @@ async fn timeouts_in_bulk_keep_their_burials_and_backoffs_after_a_restart() {
 /// room's end (a reviewer's `kick 200000` answered `KICKED 14888`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kick_of_thousands_kicks_them_all() {
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::durable(dir.path(), FILES).await;
-    let mut c = daemon.client().await;
-    put_many(&mut c, 600, "tries=1").await;
-    drop(reserve_every_job(&daemon).await);
-    until_counted(&mut c, "buried", JOBS as u64).await;
+    let (dir, daemon, mut c) = with_dead_letters().await;
     assert_eq!(
         c.cmd(&format!("kick {}", JOBS + 10)).await,
         format!("KICKED {JOBS}")
     );
-    let want = (0, 0, JOBS as u64);
-    assert_eq!(
-        counted_after_restarts(dir.path(), daemon).await,
-        [want, want]
-    );
+    counted_after_restarts(dir.path(), daemon, (0, 0, JOBS as u64)).await;
 }
