@@ -15,7 +15,12 @@ const JOBS: usize = 4000;
 
 /// Puts `JOBS` jobs with `options`, pipelined.
 async fn put_many(c: &mut Client, ttr: u32, options: &str) {
-    for _ in 0..JOBS / 500 {
+    put_n(c, JOBS, ttr, options).await;
+}
+
+/// Puts `n` (a multiple of 500) jobs with `options`, pipelined.
+pub(crate) async fn put_n(c: &mut Client, n: usize, ttr: u32, options: &str) {
+    for _ in 0..n / 500 {
         let puts = format!("put 0 0 {ttr} 3 {options}\r\nabc\r\n").repeat(500);
         c.send(puts.as_bytes()).await;
         for _ in 0..500 {
@@ -27,9 +32,14 @@ async fn put_many(c: &mut Client, ttr: u32, options: &str) {
 
 /// Reserves every job on a new connection, which it returns.
 async fn reserve_every_job(daemon: &Daemon) -> Client {
+    reserve_n(daemon, JOBS).await
+}
+
+/// Reserves `n` jobs on a new connection, which it returns.
+pub(crate) async fn reserve_n(daemon: &Daemon, n: usize) -> Client {
     let mut w = daemon.client().await;
     let mut got = 0;
-    while got < JOBS {
+    while got < n {
         w.send_line("reserve-batch 1000 0").await;
         let line = w.line().await;
         let n: usize = line
@@ -47,7 +57,7 @@ async fn reserve_every_job(daemon: &Daemon) -> Client {
 }
 
 /// Waits until `stats` counts `n` jobs in `state`.
-async fn until_counted(c: &mut Client, state: &str, n: u64) {
+pub(crate) async fn until_counted(c: &mut Client, state: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let got = c.stats().await.num(&format!("current-jobs-{state}"));

@@ -154,6 +154,56 @@ async fn a_full_disk_refuses_puts_and_recovers_by_itself() {
     );
 }
 
+/// Dead letters made in bulk while the disk is full (filled by another
+/// program after their jobs were reserved) leave the room set aside for
+/// deletes alone: every delete succeeds, the log goes on, and puts come
+/// back once there is space. A reviewer's 6,000 jobs on their last try,
+/// their worker gone, took that room: 2,411 deletes answered
+/// `INTERNAL_ERROR`, and the log failed for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_made_in_bulk_on_a_full_disk_leave_the_deletes_their_room() {
+    const JOBS: usize = 6000;
+    let Some(fs) = mounted_or_skipped(Tmpfs::mount("3m"), "a tmpfs") else {
+        return;
+    };
+    let data = fs.path.join("data");
+    let daemon = Daemon::durable(&data, &["-s", "65536"]).await;
+    let mut c = daemon.client().await;
+    crate::bulk::put_n(&mut c, JOBS, 600, "tries=1").await;
+    let worker = crate::bulk::reserve_n(&daemon, JOBS).await;
+    // Another program fills the disk.
+    let filler = fs.path.join("filler");
+    {
+        use std::io::Write;
+        let mut out = std::fs::File::create(&filler).unwrap();
+        while out.write_all(&[7u8; 4096]).is_ok() {}
+    }
+    drop(worker);
+    crate::bulk::until_counted(&mut c, "buried", JOBS as u64).await;
+    let ids: Vec<String> = (1..=JOBS).map(|id| id.to_string()).collect();
+    for chunk in ids.chunks(500) {
+        let deletes: String = chunk.iter().map(|id| format!("delete {id}\r\n")).collect();
+        c.send(deletes.as_bytes()).await;
+        for id in chunk {
+            assert_eq!(c.line().await, "DELETED", "delete {id}");
+        }
+    }
+    std::fs::remove_file(&filler).unwrap();
+    let start = Instant::now();
+    loop {
+        let reply = c.put(0, 0, 60, b"after").await;
+        if reply.starts_with("INSERTED ") {
+            break;
+        }
+        assert_eq!(reply, "OUT_OF_MEMORY", "the log failed");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "puts still refused 10 s after space came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A disk that delayq filled by itself, with nothing else on it: once its
 /// jobs are deleted, the compaction that frees the dead records' room can
 /// run (it writes into the room kept for it), and puts are taken again

@@ -40,6 +40,20 @@ pub(super) fn spares_needed(b: &Buf, file_size: u64) -> usize {
     (wanted.saturating_sub(left).div_ceil(per_file) as usize).max(1)
 }
 
+/// Whether a record of `len` bytes fits in the room prepared (what is left
+/// of the current file and the spares) with the live jobs' deletes still
+/// covered, counting one more live job for a put.
+fn fits(b: &Buf, file_size: u64, len: u64, put: bool) -> bool {
+    let left = file_size.saturating_sub(b.used);
+    let switch = len > left;
+    if switch && b.spares.is_empty() {
+        return false;
+    }
+    let room = left + b.spares.len() as u64 * (file_size - HEADER);
+    let cost = if switch { left + len } else { len };
+    room >= cost + promised(b.live_jobs + u64::from(put), file_size)
+}
+
 /// Which rule a record is taken under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
@@ -49,9 +63,6 @@ enum Class {
     Keep,
     /// A change that may be skipped.
     Note,
-    /// A change that may go beyond the prepared room (see
-    /// [`Journal::insist`]).
-    Insist,
     /// A delete: always taken.
     Forget,
 }
@@ -84,24 +95,13 @@ impl<'a> Appender<'a> {
         let length = encoded_len(record);
         let len = length as u64;
         let size = shared.file_size;
-        let left = size.saturating_sub(b.used);
-        let switch = len > left;
-        if class != Class::Forget {
-            let room = left + b.spares.len() as u64 * (size - HEADER);
-            let cost = if switch { left + len } else { len };
-            let live = b.live_jobs + u64::from(class == Class::Put);
-            if (switch && b.spares.is_empty()) || room < cost + promised(live, size) {
-                // The keeper prepares room ahead for what the live jobs
-                // need; a burst can outrun it, so ask it for more.
-                b.room_wanted = true;
-                shared.chores.notify_one();
-                // What insists is taken all the same while the disk has
-                // room: into the deletes' share, which the keeper makes up
-                // before a put is taken again.
-                if class != Class::Insist || b.short_of_disk {
-                    return Err(StoreError::OutOfMemory);
-                }
-            }
+        let switch = len > size.saturating_sub(b.used);
+        if class != Class::Forget && !fits(b, size, len, class == Class::Put) {
+            // The keeper prepares room ahead for what the live jobs need; a
+            // burst can outrun it, so ask it for more.
+            b.room_wanted = true;
+            shared.chores.notify_one();
+            return Err(StoreError::OutOfMemory);
         }
         if switch && let Some(spare) = b.spares.pop_front() {
             // The rest of this file stays unused; the next one begins.
@@ -189,8 +189,22 @@ impl Journal for Appender<'_> {
         let _ = self.append(&record, Class::Note);
     }
 
-    fn insist(&mut self, record: Record<'_>) {
-        let _ = self.append(&record, Class::Insist);
+    fn has_room_for(&mut self, record: &Record<'_>) -> bool {
+        let b = &mut *self.buf;
+        // A failed log takes nothing: nothing to wait for.
+        if b.failed.is_some()
+            || fits(
+                b,
+                self.shared.file_size,
+                encoded_len(record) as u64 + 16,
+                false,
+            )
+        {
+            return true;
+        }
+        b.room_wanted = true;
+        self.shared.chores.notify_one();
+        false
     }
 
     fn refusing(&self) -> Option<StoreError> {

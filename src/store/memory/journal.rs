@@ -155,13 +155,17 @@ pub trait Journal {
     /// after a restart either way); skipped when room is short.
     fn note(&mut self, record: Record<'_>);
 
-    /// Records a change that cannot be refused and that a restart must not
-    /// undo: a job whose TTR ran out (or whose worker left) buried as a dead
-    /// letter, or delayed by its backoff. Taken beyond the room prepared
-    /// ahead when that runs short, as a delete is (a timeout of many jobs at
-    /// once outruns it); skipped only when the disk is known to be full, and
-    /// a crash may then lose it.
-    fn insist(&mut self, record: Record<'_>);
+    /// Whether a record like `record` (a little larger, allowing for the
+    /// change it will record) would be taken now by [`Journal::keep`]; if
+    /// not, the log asks for more room. A transition over many jobs asks
+    /// before each move a restart must not undo (a timeout that buries a
+    /// job as a dead letter, or delays it by its backoff), and stops where
+    /// the answer is no, to go on once there is room: one transition over
+    /// thousands of jobs outruns the room prepared ahead, and taking the
+    /// deletes' share of it instead would let a full disk refuse a delete.
+    fn has_room_for(&mut self, _record: &Record<'_>) -> bool {
+        true
+    }
 
     /// Records that `job` is gone. Never refused for want of room: the room
     /// for it was set aside when the job was put.
@@ -222,9 +226,6 @@ impl Journal for Volatile {
 
     #[inline]
     fn note(&mut self, _: Record<'_>) {}
-
-    #[inline]
-    fn insist(&mut self, _: Record<'_>) {}
 
     #[inline]
     fn forget(&mut self, _: &JobImage<'_>) {}

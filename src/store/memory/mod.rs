@@ -195,6 +195,15 @@ impl<L: Log> MemoryStore<L> {
 
 use Reply::{AtOnce, WhenSafe};
 
+/// Adds the tubes of `more` that `tubes` lacks.
+fn merge(tubes: &mut Vec<Tube>, more: Vec<Tube>) {
+    for tube in more {
+        if !tubes.contains(&tube) {
+            tubes.push(tube);
+        }
+    }
+}
+
 impl<L: Log> Store for MemoryStore<L> {
     async fn put(&self, mut job: NewJob) -> StoreResult<Put> {
         self.change(WhenSafe, |st, now, log| st.put(&mut job, now, log))
@@ -391,15 +400,46 @@ impl<L: Log> Store for MemoryStore<L> {
         held: &[JobId],
         failed: bool,
     ) -> StoreResult<Vec<Tube>> {
-        self.change(AtOnce, |st, now, log| {
-            Ok(st.release_all(conn, held, failed, now, log))
-        })
-        .await
+        // In rounds, as a tick's timeouts: a worker that leaves holding
+        // thousands of jobs on their last try makes more dead letters than
+        // the log has room prepared for.
+        let (mut ready, mut from, mut checked) = (Vec::new(), 0, true);
+        loop {
+            let rest = &held[from..];
+            let (tubes, done) = self
+                .change(AtOnce, |st, now, log| {
+                    Ok(st.release_all(conn, rest, failed, checked, now, log))
+                })
+                .await?;
+            merge(&mut ready, tubes);
+            from += done;
+            if from >= held.len() {
+                return Ok(ready);
+            }
+            checked = self.log.wait_for_room().await;
+        }
     }
 
     async fn tick(&self) -> StoreResult<Tick> {
-        self.change(AtOnce, |st, now, log| Ok(st.tick(now, log)))
-            .await
+        // A timeout that a restart must not undo (a dead letter, a
+        // backoff) waits for room in the log rather than take the room set
+        // aside for deletes; on a full disk (no room coming) it is made
+        // anyway, its record taken as room allows, and a crash may then
+        // bring the job back ready.
+        let (mut ready, mut checked) = (Vec::new(), true);
+        loop {
+            let (tick, short) = self
+                .change(AtOnce, |st, now, log| Ok(st.tick(now, checked, log)))
+                .await?;
+            merge(&mut ready, tick.ready);
+            if !short {
+                return Ok(Tick {
+                    ready,
+                    next: tick.next,
+                });
+            }
+            checked = self.log.wait_for_room().await;
+        }
     }
 
     async fn attach(&self, tube: &Tube, how: TubeRef) -> StoreResult<()> {

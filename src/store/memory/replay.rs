@@ -491,7 +491,7 @@ mod tests {
                 if !defer {
                     // The jobs due by now, which the built indexes hold
                     // ready, are moved by the timer.
-                    let moved = s.tick(NOW, &mut Volatile);
+                    let (moved, _) = s.tick(NOW, true, &mut Volatile);
                     due_moved += usize::from(!moved.ready.is_empty());
                 }
                 s

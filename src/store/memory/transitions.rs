@@ -648,28 +648,36 @@ impl State {
     }
 
     /// Returns to ready the jobs of `held` that `conn` still holds; returns
-    /// the tubes that got jobs back. Not recorded: a restart makes them
-    /// ready too, and nothing else about them changed. With `failed`, a job
-    /// with tries or a backoff is moved as when its TTR runs out instead
-    /// (see [`crate::store::Store::release_all`]), which is recorded.
+    /// the tubes that got jobs back, and how many of `held` it went
+    /// through. Not recorded: a restart makes them ready too, and nothing
+    /// else about them changed. With `failed`, a job with tries or a
+    /// backoff is moved as when its TTR runs out instead (see
+    /// [`crate::store::Store::release_all`]), which is recorded; with
+    /// `checked`, it stops before such a move that the log has no room
+    /// for (see [`Journal::has_room_for`]).
     pub fn release_all(
         &mut self,
         conn: ConnId,
         held: &[JobId],
         failed: bool,
+        checked: bool,
         now: Micros,
         log: &mut impl Journal,
-    ) -> Vec<Tube> {
+    ) -> (Vec<Tube>, usize) {
         let mut ready = Vec::new();
-        for id in held {
+        for (done, id) in held.iter().enumerate() {
             let Some(slot) = self.held_by(conn, id) else {
                 continue;
             };
+            let options = self.jobs[slot].options();
+            let fails = failed && (options.tries.is_some() || options.backoff.is_some());
+            if fails && checked && !self.room_to_time_out(slot, log) {
+                return (ready, done);
+            }
             if self.gone_if_expired(slot, now, log) {
                 continue;
             }
-            let options = self.jobs[slot].options();
-            if failed && (options.tries.is_some() || options.backoff.is_some()) {
+            if fails {
                 // A worker that died holding the job failed it, as one
                 // whose TTR ran out: else a job that crashes its worker
                 // would come back at once for ever, never a dead letter.
@@ -688,13 +696,17 @@ impl State {
                 }
             }
         }
-        ready
+        (ready, held.len())
     }
 
     /// Moves what has fallen due by `now`, a bounded amount at a time.
     /// Only timeouts are recorded (for their counters): a due time passed
-    /// is a due time passed after a restart too.
-    pub fn tick(&mut self, now: Micros, log: &mut impl Journal) -> Tick {
+    /// is a due time passed after a restart too. With `checked`, it stops
+    /// before a timeout whose record the log has no room for and that a
+    /// restart must not undo (see [`Journal::has_room_for`]), and says so
+    /// (`true`).
+    pub fn tick(&mut self, now: Micros, checked: bool, log: &mut impl Journal) -> (Tick, bool) {
+        let mut short = false;
         let mut ready = Vec::new();
         let mut budget = TICK_BATCH;
         while budget > 0 {
@@ -722,6 +734,10 @@ impl State {
                 break;
             }
             let slot = self.indexed(key);
+            if checked && !self.room_to_time_out(slot, log) {
+                short = true;
+                break;
+            }
             self.jobs[slot].counters.timeouts += 1;
             self.timeouts += 1;
             budget -= 1;
@@ -787,11 +803,25 @@ impl State {
             self.next_due()
                 .map(|at| Duration::from_micros(at.saturating_sub(now)))
         };
-        Tick { ready, next }
+        (Tick { ready, next }, short)
+    }
+
+    /// Whether the log has room for the record of a timeout of `slot`, if
+    /// that timeout would keep the job out of the ready queue (buried as a
+    /// dead letter, or delayed by its backoff): a restart must not undo
+    /// such a move, as it may a timeout that makes the job ready. Asks the
+    /// log for more room if not.
+    fn room_to_time_out(&self, slot: Slot, log: &mut impl Journal) -> bool {
+        let job = &self.jobs[slot];
+        let (options, tries) = (job.options(), job.tries());
+        let sticks = out_of_tries(&options, tries)
+            || backoff_wait(&options, job.key, tries).is_some_and(|wait| !wait.is_zero());
+        !sticks || log.has_room_for(&Record::Meta(job.meta()))
     }
 
     /// Moves a job whose TTR ran out: buried if it used up its tries,
-    /// else delayed by its backoff, else ready; and records it.
+    /// else delayed by its backoff, else ready; and notes it (a caller
+    /// over many jobs first asks [`State::room_to_time_out`]).
     fn time_out(&mut self, slot: Slot, now: Micros, ready: &mut Vec<Tube>, log: &mut impl Journal) {
         let job = &mut self.jobs[slot];
         let (options, tries) = (job.options(), job.tries());
@@ -804,8 +834,7 @@ impl State {
                 ..job.meta().round
             });
             self.relink(slot, St::Buried { seq }, NO_CONN);
-            // A restart would make the dead letter ready again.
-            log.insist(Record::Meta(self.jobs[slot].meta()));
+            log.note(Record::Meta(self.jobs[slot].meta()));
             return;
         }
         let wait = backoff_wait(&options, job.key, tries).map_or(0, micros);
@@ -813,8 +842,7 @@ impl State {
             job.delay = wait;
             let due = now.saturating_add(wait);
             self.relink(slot, St::Delayed { due }, NO_CONN);
-            // A restart would make it ready before its backoff ends.
-            log.insist(Record::Meta(self.jobs[slot].meta()));
+            log.note(Record::Meta(self.jobs[slot].meta()));
         } else {
             self.make_ready(slot, ready);
             log.note(Record::Meta(self.jobs[slot].meta()));
