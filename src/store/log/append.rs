@@ -207,6 +207,16 @@ impl Journal for Appender<'_> {
         false
     }
 
+    fn let_go(&mut self, record: &Record<'_>) {
+        // It may have been recorded since the last snapshot, and so not be
+        // counted in the rest: then the rest is undercounted, which only
+        // brings the next compaction sooner.
+        let b = &mut *self.buf;
+        let len = encoded_len(record) as u64;
+        b.rest_bytes = b.rest_bytes.saturating_sub(len);
+        b.rest_gone += len;
+    }
+
     fn refusing(&self) -> Option<StoreError> {
         self.buf
             .failed

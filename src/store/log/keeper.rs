@@ -227,12 +227,12 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
 
 /// Takes a snapshot, then lets go of what it makes needless.
 fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Result<()> {
-    let mut start = (0, 0);
+    let mut start = (0, 0, 0);
     source.locked(&mut || {
         let b = shared.lock();
-        start = (b.next_seq, b.appended);
+        start = (b.next_seq, b.appended, b.rest_gone);
     });
-    let (start, appended_at_start) = start;
+    let (start, appended_at_start, gone_at_start) = start;
     let tmp = shared.dir.join("snapshot.tmp");
     // Into the room kept for it, if the live jobs fit with a margin (a
     // snapshot's records are about as large as their put records): its
@@ -297,7 +297,8 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
         let mut b = shared.lock();
         b.snapshot_at = appended_at_start;
         b.snapshot_bytes = bytes;
-        b.rest_bytes = rest;
+        // Less what went while it was written, which it may hold.
+        b.rest_bytes = rest.saturating_sub(b.rest_gone - gone_at_start);
         let current = b.number;
         let mut old = Vec::new();
         let numbers: Vec<(u64, u64)> = b.files.iter().map(|(&n, &f)| (n, f)).collect();

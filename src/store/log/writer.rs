@@ -165,6 +165,9 @@ pub struct Buf {
     /// settings, schedules, pauses), as the last snapshot (or the start)
     /// found it: live, like the jobs' bytes, not garbage to compact away.
     pub rest_bytes: u64,
+    /// Bytes of such state let go since start (a window ended), ever: a
+    /// snapshot taken meanwhile may have copied some of it.
+    pub rest_gone: u64,
     /// The keeper should take a snapshot.
     pub compact: bool,
     /// A change was refused for want of prepared room: the keeper should
@@ -267,6 +270,7 @@ impl Shared {
                 snapshot_at: 0,
                 snapshot_bytes: 0,
                 rest_bytes: 0,
+                rest_gone: 0,
                 compact: false,
                 room_wanted: false,
                 short_of_disk: false,

@@ -171,6 +171,11 @@ pub trait Journal {
     /// for it was set aside when the job was put.
     fn forget(&mut self, job: &JobImage<'_>);
 
+    /// Tells the log that state which is not a job went by itself (a
+    /// client id's unique window ended), with nothing to record: what a
+    /// snapshot would copy of it is no longer live.
+    fn let_go(&mut self, _record: &Record<'_>) {}
+
     /// Why the log takes no more changes at all, if it has failed. A change
     /// answered only once it is safe is then refused before it is made:
     /// made in memory with nothing on disk, a restart would undo it, and a

@@ -772,8 +772,9 @@ impl State {
             if *until > now || budget == 0 {
                 break;
             }
-            let (_, name) = self.taken_until.pop_first().expect("a first");
+            let (until, name) = self.taken_until.pop_first().expect("a first");
             self.taken.remove(&name);
+            log.let_go(&Record::Taken { name: &name, until });
             budget -= 1;
         }
         while let Some((at, tube)) = self.limited.first().cloned() {
