@@ -32,16 +32,6 @@ pub struct Kicked {
     pub short: bool,
 }
 
-impl Default for Kicked {
-    fn default() -> Kicked {
-        Kicked {
-            count: 0,
-            from: KickFrom::Buried,
-            short: false,
-        }
-    }
-}
-
 /// Most due items one tick moves, so one pass never holds the lock for long.
 const TICK_BATCH: usize = 10_000;
 
@@ -574,7 +564,11 @@ impl State {
         log: &mut impl Journal,
     ) -> StoreResult<Kicked> {
         let Some(ts) = self.tubes.get(tube) else {
-            return Ok(Kicked::default());
+            return Ok(Kicked {
+                count: 0,
+                from: from.unwrap_or(KickFrom::Buried),
+                short: false,
+            });
         };
         let bound = usize::try_from(bound).unwrap_or(usize::MAX);
         let from = from.unwrap_or_else(|| kick_from(ts.buried.len() as u64));
@@ -681,7 +675,8 @@ impl State {
                 // A worker that died holding the job failed it, as one
                 // whose TTR ran out: else a job that crashes its worker
                 // would come back at once for ever, never a dead letter.
-                self.time_out(slot, now, &mut ready, log);
+                self.time_out(slot, now, &mut ready);
+                log.note(Record::Meta(self.jobs[slot].meta()));
             } else {
                 // Given back unfailed (the server stops, or the reserve's
                 // client had gone): the try its reserve counted goes back
@@ -744,7 +739,8 @@ impl State {
             if self.gone_if_expired(slot, now, log) {
                 continue;
             }
-            self.time_out(slot, now, &mut ready, log);
+            self.time_out(slot, now, &mut ready);
+            log.note(Record::Meta(self.jobs[slot].meta()));
         }
         while budget > 0 {
             let Some(&(at, key)) = self.expiries.first() else {
@@ -821,9 +817,9 @@ impl State {
     }
 
     /// Moves a job whose TTR ran out: buried if it used up its tries,
-    /// else delayed by its backoff, else ready; and notes it (a caller
-    /// over many jobs first asks [`State::room_to_time_out`]).
-    fn time_out(&mut self, slot: Slot, now: Micros, ready: &mut Vec<Tube>, log: &mut impl Journal) {
+    /// else delayed by its backoff, else ready (a caller over many jobs
+    /// first asks [`State::room_to_time_out`]).
+    fn time_out(&mut self, slot: Slot, now: Micros, ready: &mut Vec<Tube>) {
         let job = &mut self.jobs[slot];
         let (options, tries) = (job.options(), job.tries());
         if out_of_tries(&options, tries) {
@@ -835,7 +831,6 @@ impl State {
                 ..job.meta().round
             });
             self.relink(slot, St::Buried { seq }, NO_CONN);
-            log.note(Record::Meta(self.jobs[slot].meta()));
             return;
         }
         let wait = backoff_wait(&options, job.key, tries).map_or(0, micros);
@@ -843,10 +838,8 @@ impl State {
             job.delay = wait;
             let due = now.saturating_add(wait);
             self.relink(slot, St::Delayed { due }, NO_CONN);
-            log.note(Record::Meta(self.jobs[slot].meta()));
         } else {
             self.make_ready(slot, ready);
-            log.note(Record::Meta(self.jobs[slot].meta()));
         }
     }
 
