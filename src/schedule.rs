@@ -253,8 +253,10 @@ impl Schedule {
 
     /// A schedule as [`Schedule::encode`] wrote it; `None` if it is not
     /// one that `schedule` could have made (an import's line is decoded
-    /// here too, and may have been written by anyone).
-    pub fn decode(raw: &[u8]) -> Option<Schedule> {
+    /// here too, and may have been written by anyone). The body is a part
+    /// of `raw`, not a copy: every listing of the schedules decodes them
+    /// all, and holds them while its reply is sent.
+    pub fn decode(raw: &Bytes) -> Option<Schedule> {
         let mut fields = raw.splitn(10, |&b| b == b'\n');
         let mut text = || std::str::from_utf8(fields.next()?).ok();
         if text()? != "1" {
@@ -288,7 +290,7 @@ impl Schedule {
         } else {
             When::every(Duration::from_millis(every.parse().ok()?)).ok()?
         };
-        let body = Bytes::copy_from_slice(fields.next()?);
+        let body = raw.slice_ref(fields.next()?);
         Some(Schedule {
             name: Arc::from(name),
             when,
@@ -416,7 +418,7 @@ mod tests {
         );
         let m = at("2026-11-26T02:49:30Z");
         assert_eq!(s.fired_window(m, m), Duration::from_secs(330));
-        assert_eq!(Schedule::decode(&s.encode()), Some(s));
+        assert_eq!(Schedule::decode(&s.encode().into()), Some(s));
     }
 
     #[test]
@@ -430,13 +432,13 @@ mod tests {
             body: Bytes::new(),
             since: NOV_26_0249,
         };
-        let back = Schedule::decode(&s.encode()).unwrap();
+        let back = Schedule::decode(&s.encode().into()).unwrap();
         assert_eq!(back, s);
         assert_eq!(
             back.when.next_after(NOV_26_0249),
             s.when.next_after(NOV_26_0249)
         );
-        assert_eq!(Schedule::decode(b"2\nx"), None);
-        assert_eq!(Schedule::decode(b"1\nx\n"), None);
+        assert_eq!(Schedule::decode(&Bytes::from_static(b"2\nx")), None);
+        assert_eq!(Schedule::decode(&Bytes::from_static(b"1\nx\n")), None);
     }
 }

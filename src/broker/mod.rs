@@ -38,7 +38,7 @@ use crate::job::{
 use crate::metrics::{Instruments, StoreOp};
 use crate::names::{JobId, Tube};
 use crate::rules;
-use crate::store::{ConnId, Store, TubeRef};
+use crate::store::{ConnId, Store, TubeRef, TubeSettings};
 use handout::Passes;
 use timer::Alarm;
 use waiters::Waiters;
@@ -111,7 +111,7 @@ impl<S: Store> Broker<S> {
     }
 
     /// Every tube that has settings, with them.
-    pub async fn all_tube_settings(&self) -> StoreResult<Vec<(Tube, Lifecycle)>> {
+    pub async fn all_tube_settings(&self) -> StoreResult<TubeSettings> {
         self.call(StoreOp::AllTubeSettings, self.store.all_tube_settings())
             .await
     }

@@ -341,16 +341,37 @@ async fn flush_safe<T: Transport>(wire: &mut Wire<T>) -> bool {
     wire.flush().await.is_ok()
 }
 
-/// Queues a reply; sends what is queued first if the queue is full (once
-/// it is safe to). False when the connection must end.
+/// Queues a reply; sends what is queued first whenever the queue is full
+/// (once it is safe to), between the reply's pieces too, so that a large
+/// reply is held a piece at a time. False when the connection must end.
 async fn feed_safe<T: Transport>(wire: &mut Wire<T>, response: Response) -> bool {
-    // Framed writes its buffer out once it reaches the boundary, before
-    // taking another reply: that write must wait for the held changes too.
-    if wire.write_buffer().len() >= wire.backpressure_boundary() && !flush_safe(wire).await {
-        return false;
+    let (mut bytes, mut pieces) = (0, 0);
+    for piece in 0..response.pieces() {
+        // Framed writes its buffer out once it reaches the boundary, before
+        // taking another reply: that write must wait for the held changes too.
+        if wire.write_buffer().len() >= wire.backpressure_boundary() && !flush_safe(wire).await {
+            return false;
+        }
+        let before = wire.write_buffer().len();
+        response.encode_piece(piece, wire.write_buffer_mut());
+        bytes += wire.write_buffer().len() - before;
+        pieces += 1;
+        // A client that reads as fast as the reply is written would keep
+        // the runtime thread here for the whole of it (0.8 s for 393 MB of
+        // JSON schedules); the other connections get their turns between.
+        if bytes >= YIELD_BYTES || pieces >= YIELD_PIECES {
+            (bytes, pieces) = (0, 0);
+            tokio::task::yield_now().await;
+        }
     }
-    wire.feed(response).await.is_ok()
+    true
 }
+
+/// The most of a reply written before the other tasks get a turn, in bytes
+/// and in pieces (an export page's lines are counted, a piece each, before
+/// any is written).
+const YIELD_BYTES: usize = 1 << 20;
+const YIELD_PIECES: usize = 512;
 
 /// Most pipelined puts taken together.
 const MAX_PUTS: usize = 256;

@@ -257,26 +257,18 @@ impl<S: Store> Session<S> {
             Command::Auth(token) => self.authenticate(&token).await,
             Command::Export { from, max } => {
                 let max = export::page_size(max, self.shared.config.max_job_size);
-                let mut data = Vec::new();
-                if from == ExportCursor::default() {
-                    // What a deployment needs besides its jobs, first: an
-                    // import that sets a tube's settings before its jobs
-                    // arrive keeps them as they were.
-                    for (tube, settings) in broker.all_tube_settings().await? {
-                        export::write_settings(&tube, &settings, &mut data);
-                    }
-                    for schedule in broker.schedules().await? {
-                        export::write_schedule(&schedule, &mut data);
-                    }
-                }
+                // What a deployment needs besides its jobs, first: an
+                // import that sets a tube's settings before its jobs
+                // arrive keeps them as they were.
+                let (settings, schedules) = if from == ExportCursor::default() {
+                    (broker.all_tube_settings().await?, broker.schedules().await?)
+                } else {
+                    Default::default()
+                };
                 let page = broker.export(from, max).await?;
-                let now = SystemTime::now();
-                for job in &page.jobs {
-                    export::write_line(job, now, &mut data);
-                }
                 Reply::Exported {
                     next: export::show_cursor(page.next),
-                    data: data.into(),
+                    page: export::Page::new(settings, schedules, page.jobs, SystemTime::now()),
                 }
             }
             Command::ImportSettings(tube, options) => {

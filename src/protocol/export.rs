@@ -25,6 +25,8 @@
 //! keep it, its registration time included, so that its catch-up is what
 //! it would have been). A line without `kind` is a job.
 
+use std::cell::Cell;
+use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
@@ -38,6 +40,7 @@ use super::options;
 use crate::job::{ExportCursor, JobCounters, JobState, Lifecycle, WholeJob};
 use crate::names::{JobId, Tube};
 use crate::schedule::{FIRED_MARGIN, Schedule};
+use crate::store::TubeSettings;
 
 /// The longest delay or TTR an import takes, in milliseconds: what 32-bit
 /// seconds allow on the wire.
@@ -100,9 +103,92 @@ fn wall(now: SystemTime, offset: Duration, ahead: bool) -> String {
     DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// One page of an export, kept as what its lines are made from rather than
+/// as the lines: they are written as the connection sends them, so that a
+/// page costs its reply a line's room at a time (a first page carries every
+/// schedule and tube setting: 1,000 schedules with 64 KiB bodies made one of
+/// 87.5 MB, held whole for as long as its client took to read it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    settings: TubeSettings,
+    schedules: Vec<Schedule>,
+    jobs: Vec<WholeJob>,
+    /// The wall clock the jobs' times are counted from: the same for the
+    /// count of the bytes as for the lines sent.
+    now: SystemTime,
+    /// The lines' bytes, which the text protocol says before them: counted
+    /// a line at a time too ([`Page::count`]), as the reply is written.
+    bytes: Cell<usize>,
+}
+
+impl Page {
+    /// A page of these settings, schedules (both only on a first page) and
+    /// jobs, their times counted from `now`.
+    pub fn new(
+        settings: TubeSettings,
+        schedules: Vec<Schedule>,
+        jobs: Vec<WholeJob>,
+        now: SystemTime,
+    ) -> Page {
+        Page {
+            settings,
+            schedules,
+            jobs,
+            now,
+            bytes: Cell::new(0),
+        }
+    }
+
+    /// How many lines it has.
+    pub fn lines(&self) -> usize {
+        self.settings.len() + self.schedules.len() + self.jobs.len()
+    }
+
+    /// Adds line `i`'s bytes to [`Page::bytes`]; line 0 begins the count
+    /// anew.
+    pub fn count(&self, i: usize) {
+        let mut counted = Counted(0);
+        self.write(i, &mut counted);
+        let before = if i == 0 { 0 } else { self.bytes.get() };
+        self.bytes.set(before + counted.0);
+    }
+
+    /// The bytes of the lines counted so far: of them all once each has
+    /// been.
+    pub fn bytes(&self) -> usize {
+        self.bytes.get()
+    }
+
+    /// Writes line `i` (with its `\n`); nothing past the last.
+    pub fn write(&self, i: usize, out: &mut impl Write) {
+        let (settings, schedules) = (self.settings.len(), self.schedules.len());
+        if let Some((tube, options)) = self.settings.get(i) {
+            write_settings(tube, options, out);
+        } else if let Some(schedule) = self.schedules.get(i - settings) {
+            write_schedule(schedule, out);
+        } else if let Some(job) = self.jobs.get(i - settings - schedules) {
+            write_line(job, self.now, out);
+        }
+    }
+}
+
+/// A writer that counts what it is given and keeps none of it.
+struct Counted(usize);
+
+impl Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Writes `job` as one line (with its `\n`) onto `out`; `now` is the wall
 /// clock the job's times are counted from.
-pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut Vec<u8>) {
+pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut impl Write) {
     let id = match &job.id {
         JobId::Server(n) => json!(n),
         JobId::Client(name) => json!(&**name),
@@ -148,8 +234,9 @@ pub fn write_line(job: &WholeJob, now: SystemTime, out: &mut Vec<u8>) {
         Err(_) => obj.insert("body-base64".into(), json!(BASE64.encode(&job.body))),
     };
     // Serialising a map of plain values cannot fail.
+    // Writing into memory, or counting, cannot fail either.
     let _ = serde_json::to_writer(&mut *out, &Value::Object(obj));
-    out.push(b'\n');
+    let _ = out.write_all(b"\n");
 }
 
 /// What one line of an export holds.
@@ -164,15 +251,15 @@ pub enum Line {
 }
 
 /// Writes a tube's settings as one line.
-pub fn write_settings(tube: &Tube, settings: &Lifecycle, out: &mut Vec<u8>) {
+fn write_settings(tube: &Tube, settings: &Lifecycle, out: &mut impl Write) {
     let line =
         json!({"kind": "settings", "tube": tube.as_str(), "options": options::words(settings)});
     let _ = serde_json::to_writer(&mut *out, &line);
-    out.push(b'\n');
+    let _ = out.write_all(b"\n");
 }
 
 /// Writes a schedule as one line.
-pub fn write_schedule(schedule: &Schedule, out: &mut Vec<u8>) {
+fn write_schedule(schedule: &Schedule, out: &mut impl Write) {
     let line = json!({
         "kind": "schedule",
         "name": &*schedule.name,
@@ -180,7 +267,7 @@ pub fn write_schedule(schedule: &Schedule, out: &mut Vec<u8>) {
         "schedule": BASE64.encode(schedule.encode()),
     });
     let _ = serde_json::to_writer(&mut *out, &line);
-    out.push(b'\n');
+    let _ = out.write_all(b"\n");
 }
 
 /// Reads one line of an export: a job (see [`read_line`]), a tube's
@@ -208,7 +295,7 @@ pub fn read_any(line: &[u8], now: SystemTime, max_job_size: usize) -> Result<Lin
                 .get("schedule")
                 .and_then(Value::as_str)
                 .ok_or_else(bad)?;
-            let raw = BASE64.decode(raw).map_err(|_| bad())?;
+            let raw = Bytes::from(BASE64.decode(raw).map_err(|_| bad())?);
             let schedule = Schedule::decode(&raw).ok_or_else(bad)?;
             // The line's own name and tube, if given, are the schedule's:
             // a line that says otherwise was edited by hand, and wrongly.
@@ -372,6 +459,88 @@ mod tests {
             dead: false,
             body: Bytes::copy_from_slice(body),
         }
+    }
+
+    #[test]
+    fn a_page_written_a_line_at_a_time_is_the_page_whole() {
+        use crate::protocol::reply::Reply;
+        use crate::schedule::When;
+        use bytes::BytesMut;
+
+        let tube = Tube::parse(b"orders").unwrap();
+        let settings = vec![(
+            tube.clone(),
+            Lifecycle {
+                tries: Some(3),
+                ..Default::default()
+            },
+        )];
+        let schedule = Schedule {
+            name: std::sync::Arc::from("beat"),
+            when: When::every(Duration::from_secs(60)).unwrap(),
+            tube,
+            pri: 1,
+            ttr: Duration::from_secs(30),
+            body: Bytes::from_static(b"\x01\xff\"x"),
+            since: 1_764_125_340_000,
+        };
+        let jobs = vec![
+            job(JobId::Server(1), b"plain"),
+            job(JobId::Client("c:1".into()), b"\x00\xfe\xff"),
+            job(JobId::Server(2), "é😀\u{1}\"".as_bytes()),
+        ];
+        let now = SystemTime::now();
+        let page = Page::new(
+            settings.clone().into(),
+            vec![schedule.clone()],
+            jobs.clone(),
+            now,
+        );
+        let mut whole = Vec::new();
+        write_settings(&settings[0].0, &settings[0].1, &mut whole);
+        write_schedule(&schedule, &mut whole);
+        for job in &jobs {
+            write_line(job, now, &mut whole);
+        }
+        assert_eq!(page.lines(), 5);
+        for i in 0..5 {
+            page.count(i);
+        }
+        assert_eq!(page.bytes(), whole.len());
+        // Counted again from its first line, as a second reply would.
+        page.count(0);
+        assert!(page.bytes() < whole.len());
+
+        let reply = Reply::Exported {
+            next: "7".into(),
+            page,
+        };
+        let mut text = BytesMut::new();
+        reply.encode_text(&mut text);
+        let mut want = format!("EXPORTED 7 {}\r\n", whole.len()).into_bytes();
+        want.extend_from_slice(&whole);
+        want.extend_from_slice(b"\r\n");
+        assert_eq!(&text[..], &want[..]);
+
+        let mut json = BytesMut::new();
+        reply.encode_json(&mut json);
+        let data = String::from_utf8(whole).unwrap();
+        let mut want =
+            serde_json::to_vec(&json!({"success": true, "next": "7", "data": data})).unwrap();
+        want.extend_from_slice(b"\r\n");
+        assert_eq!(
+            String::from_utf8_lossy(&json),
+            String::from_utf8_lossy(&want)
+        );
+        let mut back = data.lines();
+        assert!(matches!(
+            read_any(back.next().unwrap().as_bytes(), now, 100),
+            Ok(Line::Settings(..))
+        ));
+        assert_eq!(
+            read_any(back.next().unwrap().as_bytes(), now, 100),
+            Ok(Line::Schedule(Box::new(schedule)))
+        );
     }
 
     #[test]

@@ -6,10 +6,11 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use serde_json::json;
 
 use super::ClientError;
+use super::export::Page;
 use super::options::show_duration;
 use crate::job::JobBody;
 use crate::names::{JobId, Tube};
@@ -102,8 +103,8 @@ pub enum Reply {
     Exported {
         /// Where the next page begins.
         next: String,
-        /// The jobs' lines.
-        data: Bytes,
+        /// The page's lines.
+        page: Page,
     },
     /// `IMPORTED <id>`: `import` inserted the job, under this id; or
     /// `IMPORTED settings <tube>`, `IMPORTED schedule <name>` (extension).
@@ -175,6 +176,62 @@ impl Reply {
 
     /// Writes the text-protocol form.
     pub fn encode_text(&self, dst: &mut BytesMut) {
+        for piece in 0..self.text_pieces() {
+            self.text_piece(piece, dst);
+        }
+    }
+
+    /// How many pieces the text form is written in (see
+    /// [`Response::pieces`]): a batch a job at a time, an export page a
+    /// line at a time, a YAML document (`list-tubes` of millions of tubes)
+    /// in chunks.
+    fn text_pieces(&self) -> usize {
+        match self {
+            Reply::Batch(jobs) => 1 + jobs.len(),
+            // Its lines counted, for the length said first, then written.
+            Reply::Exported { page, .. } => 2 + 2 * page.lines(),
+            Reply::Yaml(doc) => 2 + doc.len().div_ceil(CHUNK),
+            _ => 1,
+        }
+    }
+
+    /// Writes piece `piece` of the text form.
+    fn text_piece(&self, piece: usize, dst: &mut BytesMut) {
+        let word = self.word();
+        match self {
+            Reply::Batch(jobs) => match piece.checked_sub(1) {
+                None => line(dst, format_args!("{word} {}", jobs.len())),
+                Some(i) => {
+                    if let Some(job) = jobs.get(i) {
+                        job_text(dst, "RESERVED", job);
+                    }
+                }
+            },
+            Reply::Exported { next, page } => {
+                let lines = page.lines();
+                if piece < lines {
+                    page.count(piece);
+                } else if piece == lines {
+                    line(dst, format_args!("{word} {next} {}", page.bytes()));
+                } else if piece <= 2 * lines {
+                    page.write(piece - lines - 1, &mut dst.writer());
+                } else {
+                    dst.put_slice(b"\r\n");
+                }
+            }
+            Reply::Yaml(doc) => match piece.checked_sub(1) {
+                None => line(dst, format_args!("{word} {}", doc.len())),
+                Some(i) => match doc.as_bytes().chunks(CHUNK).nth(i) {
+                    Some(chunk) => dst.put_slice(chunk),
+                    None => dst.put_slice(b"\r\n"),
+                },
+            },
+            _ => self.encode_text_whole(dst),
+        }
+    }
+
+    /// Writes the text form of a reply that is written whole.
+    fn encode_text_whole(&self, dst: &mut BytesMut) {
         let word = self.word();
         match self {
             Reply::Inserted(id) | Reply::Exists(id) => {
@@ -183,34 +240,19 @@ impl Reply {
                 dst.put_slice(b"\r\n");
             }
             Reply::Imported(what) => line(dst, format_args!("{word} {what}")),
-            Reply::Exported { next, data } => {
-                dst.reserve(data.len() + 64);
-                line(dst, format_args!("{word} {next} {}", data.len()));
-                dst.put_slice(data);
-                dst.put_slice(b"\r\n");
-            }
             Reply::Using(tube) => line(dst, format_args!("{word} {tube}")),
             Reply::Watching(n) => line(dst, format_args!("{word} {n}")),
             Reply::Kicked(n) => line(dst, format_args!("{word} {n}")),
             Reply::Reserved(job) | Reply::Found(job) => job_text(dst, word, job),
-            Reply::Batch(jobs) => {
-                line(dst, format_args!("{word} {}", jobs.len()));
-                for job in jobs {
-                    job_text(dst, "RESERVED", job);
-                }
-            }
             Reply::Removed { count, .. } => line(dst, format_args!("{word} {count}")),
             Reply::Scheduled(at) => line(dst, format_args!("{word} {}", show_moment(*at))),
             Reply::Client(ClientError::BadSchedule(why)) => {
                 line(dst, format_args!("{word} {why}"));
             }
+            // Without the bodies (their lengths only), so 1,000 schedules,
+            // the most a store keeps, make a few hundred KB.
             Reply::Schedules(all, now) => {
                 let doc = schedules_yaml(all, *now);
-                line(dst, format_args!("{word} {}", doc.len()));
-                dst.put_slice(doc.as_bytes());
-                dst.put_slice(b"\r\n");
-            }
-            Reply::Yaml(doc) => {
                 line(dst, format_args!("{word} {}", doc.len()));
                 dst.put_slice(doc.as_bytes());
                 dst.put_slice(b"\r\n");
@@ -225,11 +267,52 @@ impl Reply {
     /// Writes the JSON-lines form: `{"success":true,...}` or
     /// `{"success":false,"error":WORD}`.
     pub fn encode_json(&self, dst: &mut BytesMut) {
-        let value = self.to_json();
-        let mut w = dst.writer();
-        // Serializing a Value into memory cannot fail.
-        let _ = serde_json::to_writer(&mut w, &value);
-        w.get_mut().put_slice(b"\r\n");
+        for piece in 0..self.json_pieces() {
+            self.json_piece(piece, dst);
+        }
+        dst.put_slice(b"\r\n");
+    }
+
+    /// How many pieces the JSON form is written in (see
+    /// [`Response::pieces`]): a batch a job at a time, the schedules one at
+    /// a time, an export page a line at a time; the same bytes as
+    /// [`Reply::to_json`] gives.
+    pub fn json_pieces(&self) -> usize {
+        match self {
+            Reply::Batch(jobs) => 2 + jobs.len(),
+            Reply::Schedules(all, _) => 2 + all.len(),
+            Reply::Exported { page, .. } => 2 + page.lines(),
+            _ => 1,
+        }
+    }
+
+    /// Writes piece `piece` of the JSON form, without the line's end.
+    pub fn json_piece(&self, piece: usize, dst: &mut BytesMut) {
+        match self {
+            Reply::Batch(jobs) => json_list_piece(dst, piece, "jobs", jobs, job_json),
+            Reply::Schedules(all, now) => {
+                json_list_piece(dst, piece, "schedules", all, |s| schedule_json(s, *now));
+            }
+            Reply::Exported { next, page } => match piece.checked_sub(1) {
+                None => {
+                    dst.put_slice(b"{\"success\":true,\"next\":");
+                    write_json(dst, &json!(next));
+                    dst.put_slice(b",\"data\":\"");
+                }
+                Some(i) if i < page.lines() => {
+                    let mut line = Vec::new();
+                    page.write(i, &mut line);
+                    // A line is JSON, so UTF-8; it goes into the string
+                    // escaped as the whole page's text would be.
+                    let quoted =
+                        serde_json::to_string(&String::from_utf8_lossy(&line)).unwrap_or_default();
+                    let inside = quoted.get(1..quoted.len().saturating_sub(1));
+                    dst.put_slice(inside.unwrap_or_default().as_bytes());
+                }
+                Some(_) => dst.put_slice(b"\"}"),
+            },
+            _ => write_json(dst, &self.to_json()),
+        }
     }
 
     /// The JSON form, as JSON lines and the HTTP API give it:
@@ -246,11 +329,17 @@ impl Reply {
                 json!({"success": true, "id": id.to_string()})
             }
             Reply::Imported(what) => json!({"success": true, "imported": what}),
-            Reply::Exported { next, data } => json!({
-                "success": true,
-                "next": next,
-                "data": String::from_utf8_lossy(data),
-            }),
+            Reply::Exported { next, page } => {
+                let mut data = Vec::with_capacity(page.bytes());
+                for i in 0..page.lines() {
+                    page.write(i, &mut data);
+                }
+                json!({
+                    "success": true,
+                    "next": next,
+                    "data": String::from_utf8_lossy(&data),
+                })
+            }
             Reply::Reserved(job) | Reply::Found(job) => {
                 let mut value = json!({"success": true});
                 if let (Some(out), serde_json::Value::Object(fields)) =
@@ -335,6 +424,38 @@ fn job_json(job: &JobBody) -> serde_json::Value {
     })
 }
 
+/// Piece `piece` of `{"success":true,"<key>":[...]}`: the opening, an
+/// item, or the closing.
+fn json_list_piece<T>(
+    dst: &mut BytesMut,
+    piece: usize,
+    key: &str,
+    items: &[T],
+    json: impl Fn(&T) -> serde_json::Value,
+) {
+    match piece.checked_sub(1) {
+        None => {
+            dst.put_slice(b"{\"success\":true,\"");
+            dst.put_slice(key.as_bytes());
+            dst.put_slice(b"\":[");
+        }
+        Some(i) => match items.get(i) {
+            Some(item) => {
+                if i > 0 {
+                    dst.put_u8(b',');
+                }
+                write_json(dst, &json(item));
+            }
+            None => dst.put_slice(b"]}"),
+        },
+    }
+}
+
+fn write_json(dst: &mut BytesMut, value: &serde_json::Value) {
+    // Serializing a Value into memory cannot fail.
+    let _ = serde_json::to_writer(dst.writer(), value);
+}
+
 /// The schedules as `list-schedules` shows them: a YAML list of maps.
 fn schedules_yaml(all: &[Schedule], now: u64) -> String {
     let mut doc = String::from("---\n");
@@ -404,12 +525,42 @@ pub struct Response {
     pub reply: Reply,
 }
 
+/// The most of a YAML document written as one piece.
+const CHUNK: usize = 64 << 10;
+
 impl Response {
     /// Writes the reply in its mode's wire form.
     pub fn encode(&self, dst: &mut BytesMut) {
+        for piece in 0..self.pieces() {
+            self.encode_piece(piece, dst);
+        }
+    }
+
+    /// How many pieces the reply is written in, in order. A reply that may
+    /// be large (a batch of jobs, the schedules in JSON, an export page)
+    /// has one piece for each of its parts, so that a connection can send
+    /// what it has written before writing more: it then holds a piece at a
+    /// time, not the whole reply (1,000 schedules with 64 KiB bodies of
+    /// control bytes, each escaped in six, are 393 MB of JSON, once held
+    /// whole by each client that asked and did not read).
+    pub fn pieces(&self) -> usize {
         match self.mode {
-            Mode::Text => self.reply.encode_text(dst),
-            Mode::Json => self.reply.encode_json(dst),
+            Mode::Text => self.reply.text_pieces(),
+            Mode::Json => self.reply.json_pieces(),
+            Mode::Quiet => 0,
+        }
+    }
+
+    /// Writes piece `piece` (of [`Response::pieces`]) in its mode's form.
+    pub fn encode_piece(&self, piece: usize, dst: &mut BytesMut) {
+        match self.mode {
+            Mode::Text => self.reply.text_piece(piece, dst),
+            Mode::Json => {
+                self.reply.json_piece(piece, dst);
+                if piece + 1 == self.reply.json_pieces() {
+                    dst.put_slice(b"\r\n");
+                }
+            }
             Mode::Quiet => {}
         }
     }
@@ -419,6 +570,7 @@ impl Response {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use std::sync::Arc;
 
     fn text(r: Reply) -> String {
         let mut b = BytesMut::new();
@@ -472,6 +624,80 @@ mod tests {
                 assert_eq!(&got[..], &want[..], "{id}");
             }
         }
+    }
+
+    #[test]
+    fn replies_written_in_pieces_are_what_they_would_be_whole() {
+        let tube = Tube::parse(b"orders").unwrap();
+        let job = |n, body: &[u8]| JobBody {
+            id: JobId::Server(n),
+            tube: tube.clone(),
+            body: Bytes::copy_from_slice(body),
+        };
+        // Control bytes, bytes that are not UTF-8, quotes and emoji: what
+        // escaping and the lossy reading of a body must get the same.
+        let bodies: [&[u8]; 4] = [b"plain", b"\x01\x1f\"\\", b"\xff\xfe x", "é😀".as_bytes()];
+        let jobs: Vec<_> = (1..).zip(bodies).map(|(n, b)| job(n, b)).collect();
+        let schedule = |name: &str, body: &[u8]| Schedule {
+            name: Arc::from(name),
+            when: When::every(std::time::Duration::from_secs(60)).unwrap(),
+            tube: tube.clone(),
+            pri: 5,
+            ttr: std::time::Duration::from_secs(30),
+            body: Bytes::copy_from_slice(body),
+            since: 1_764_125_340_000,
+        };
+        let schedules: Vec<_> = ["a", "b", "c", "d"]
+            .into_iter()
+            .zip(bodies)
+            .map(|(name, body)| schedule(name, body))
+            .collect();
+        let now = 1_764_125_400_000;
+        for reply in [
+            Reply::Batch(jobs.clone()),
+            Reply::Batch(vec![]),
+            Reply::Schedules(schedules, now),
+            Reply::Schedules(vec![], now),
+        ] {
+            let response = Response {
+                mode: Mode::Json,
+                reply: reply.clone(),
+            };
+            let mut got = BytesMut::new();
+            for piece in 0..response.pieces() {
+                response.encode_piece(piece, &mut got);
+            }
+            let mut want = serde_json::to_vec(&reply.to_json()).unwrap();
+            want.extend_from_slice(b"\r\n");
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want)
+            );
+        }
+        let response = Response {
+            mode: Mode::Text,
+            reply: Reply::Batch(jobs.clone()),
+        };
+        assert_eq!(response.pieces(), 1 + jobs.len());
+        let mut want = b"RESERVED_BATCH 4\r\n".to_vec();
+        for job in &jobs {
+            let mut one = BytesMut::new();
+            Reply::Reserved(job.clone()).encode_text(&mut one);
+            want.extend_from_slice(&one);
+        }
+        let mut got = BytesMut::new();
+        response.encode(&mut got);
+        assert_eq!(&got[..], &want[..]);
+        // A document over a few chunks, one not whole.
+        let doc = "- tube\n".repeat(3 * CHUNK / 7 + 100);
+        let response = Response {
+            mode: Mode::Text,
+            reply: Reply::Yaml(doc.clone()),
+        };
+        assert_eq!(response.pieces(), 2 + 4);
+        let mut got = BytesMut::new();
+        response.encode(&mut got);
+        assert_eq!(got, format!("OK {}\r\n{doc}\r\n", doc.len()).as_bytes());
     }
 
     #[test]

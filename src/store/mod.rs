@@ -30,6 +30,11 @@ pub mod redis;
 /// Identifies a client connection within one delayq process.
 pub type ConnId = u64;
 
+/// Tubes with settings and the settings, in the order of the names. Shared:
+/// every export holds it while its first page is sent, and an engine that
+/// keeps it hands them all the same one.
+pub type TubeSettings = std::sync::Arc<[(Tube, Lifecycle)]>;
+
 /// What a timer pass did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tick {
@@ -197,9 +202,10 @@ pub trait Store: Send + Sync + 'static {
     /// A tube's settings.
     fn tube_settings(&self, tube: &Tube) -> impl Future<Output = StoreResult<Lifecycle>> + Send;
 
-    /// Every tube that has settings, with them (for an export).
-    fn all_tube_settings(&self)
-    -> impl Future<Output = StoreResult<Vec<(Tube, Lifecycle)>>> + Send;
+    /// Every tube that has settings, with them, in the order of the names
+    /// (for an export). Shared: every export holds it while its first page
+    /// is sent, and an engine that keeps it may hand them all one.
+    fn all_tube_settings(&self) -> impl Future<Output = StoreResult<TubeSettings>> + Send;
 
     /// Registers or replaces the schedule `name`, kept as `encoded` (what
     /// [`crate::schedule::Schedule::encode`] made); refused (`false`) if it

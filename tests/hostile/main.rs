@@ -23,6 +23,7 @@ mod common;
 mod connections;
 mod fuzz;
 mod http;
+mod large_replies;
 mod names;
 mod never_reads;
 mod slow;

@@ -35,7 +35,7 @@ use crate::job::{
     Reserved, StoreStats, TubeStats, WholeJob,
 };
 use crate::names::{JobId, Tube};
-use crate::store::{ConnId, Store, Tick, TubeRef};
+use crate::store::{ConnId, Store, Tick, TubeRef, TubeSettings};
 use journal::{Journal, Log, Volatile, Written};
 
 /// The embedded storage engine; in memory only unless given a log.
@@ -376,7 +376,7 @@ impl<L: Log> Store for MemoryStore<L> {
         self.read(|st, _| st.tube_settings(tube))
     }
 
-    async fn all_tube_settings(&self) -> StoreResult<Vec<(Tube, Lifecycle)>> {
+    async fn all_tube_settings(&self) -> StoreResult<TubeSettings> {
         self.read(|st, _| st.all_tube_settings())
     }
 

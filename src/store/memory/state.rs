@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
@@ -27,7 +27,7 @@ use crate::clock::Micros;
 use crate::job::{Counts, JobBody, JobCounters, LifeStats, Lifecycle};
 use crate::names::{JobId, Tube};
 use crate::rules::is_urgent;
-use crate::store::ConnId;
+use crate::store::{ConnId, TubeSettings};
 
 /// The holder `link` is given for states other than reserved.
 pub(super) const NO_CONN: ConnId = 0;
@@ -302,6 +302,9 @@ pub struct State {
     pub(super) import_floor: u64,
     /// Tubes' settings, kept whether or not the tube exists.
     pub(super) settings: HashMap<Tube, Lifecycle>,
+    /// `settings` as an export lists them, once one has asked, until they
+    /// next change.
+    pub(super) settings_listed: OnceLock<TubeSettings>,
     /// Schedules by name, as [`crate::schedule::Schedule::encode`] made
     /// them: the engine keeps them, the broker fires them.
     pub(super) schedules: BTreeMap<Arc<str>, Bytes>,
@@ -357,6 +360,7 @@ impl State {
             imported: 0,
             import_floor: 0,
             settings: HashMap::new(),
+            settings_listed: OnceLock::new(),
             schedules: BTreeMap::new(),
             total_jobs: 0,
             timeouts: 0,

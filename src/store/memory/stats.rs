@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::state::{St, State, TubeState};
 use crate::clock::Micros;
+use crate::store::TubeSettings;
 use bytes::Bytes;
 
 use crate::job::{
@@ -17,11 +18,17 @@ fn span(us: Micros) -> Duration {
 }
 
 impl State {
-    /// Every tube that has settings, with them, in the order of the names.
-    pub fn all_tube_settings(&self) -> Vec<(Tube, crate::job::Lifecycle)> {
-        let mut all: Vec<_> = self.settings.iter().map(|(t, &o)| (t.clone(), o)).collect();
-        all.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        all
+    /// Every tube that has settings, with them, in the order of the names:
+    /// listed once until they next change, so that exports begun together
+    /// share one list (and one sort: 200,000 tubes' took 50 ms apiece).
+    pub fn all_tube_settings(&self) -> TubeSettings {
+        self.settings_listed
+            .get_or_init(|| {
+                let mut all: Vec<_> = self.settings.iter().map(|(t, &o)| (t.clone(), o)).collect();
+                all.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+                all.into()
+            })
+            .clone()
     }
 
     /// Up to `max` whole jobs in slab order from slot `from.at` on. A job

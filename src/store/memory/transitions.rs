@@ -20,6 +20,7 @@ use crate::names::{JobId, Tube};
 use crate::rules::{KickFrom, backoff_wait, kick_from, out_of_tries};
 use crate::schedule::MAX_SCHEDULES;
 use crate::store::{ConnId, Tick, TubeRef};
+use std::sync::OnceLock;
 
 /// What one [`State::kick`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -860,6 +861,7 @@ impl State {
 
     /// Keeps a tube's settings, forgetting them once all are unset.
     pub(super) fn keep_settings(&mut self, tube: Tube, options: Lifecycle) {
+        self.settings_listed = OnceLock::new();
         if options.is_empty() {
             self.settings.remove(&tube);
         } else {

@@ -47,7 +47,7 @@ use library::{Kind, Library};
 use refs::Refs;
 use shards::Sharding;
 
-use super::{ConnId, Store, StoreEvent, Tick, TubeRef};
+use super::{ConnId, Store, StoreEvent, Tick, TubeRef, TubeSettings};
 use crate::error::{StoreError, StoreResult};
 use crate::job::{
     ExportCursor, ExportPage, JobBody, JobState, JobStats, Lifecycle, NewJob, Put, PutOutcome,
@@ -1271,7 +1271,7 @@ impl Store for RedisStore {
         decode::decode_options(&parse::<String>(got)?)
     }
 
-    async fn all_tube_settings(&self) -> StoreResult<Vec<(Tube, Lifecycle)>> {
+    async fn all_tube_settings(&self) -> StoreResult<TubeSettings> {
         let got: Vec<(String, String)> =
             parse(self.op(Kind::Reads, "all_settings", Vec::new()).await?)?;
         let mut all = got
@@ -1279,7 +1279,7 @@ impl Store for RedisStore {
             .map(|(t, o)| Ok((tube(&t)?, decode::decode_options(&o)?)))
             .collect::<StoreResult<Vec<_>>>()?;
         all.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        Ok(all)
+        Ok(all.into())
     }
 
     async fn set_schedule(&self, name: &str, encoded: Bytes) -> StoreResult<bool> {
