@@ -144,13 +144,14 @@ impl Page {
         self.settings.len() + self.schedules.len() + self.jobs.len()
     }
 
-    /// Adds line `i`'s bytes to [`Page::bytes`]; line 0 begins the count
-    /// anew.
-    pub fn count(&self, i: usize) {
+    /// Adds line `i`'s bytes to [`Page::bytes`], and returns them; line 0
+    /// begins the count anew.
+    pub fn count(&self, i: usize) -> usize {
         let mut counted = Counted(0);
         self.write(i, &mut counted);
         let before = if i == 0 { 0 } else { self.bytes.get() };
         self.bytes.set(before + counted.0);
+        counted.0
     }
 
     /// The bytes of the lines counted so far: of them all once each has
@@ -515,6 +516,16 @@ mod tests {
             next: "7".into(),
             page,
         };
+        // What each piece made, written or counted: the lines twice.
+        let response = crate::protocol::reply::Response {
+            mode: crate::protocol::reply::Mode::Text,
+            reply: reply.clone(),
+        };
+        let mut text = BytesMut::new();
+        let made: usize = (0..response.pieces())
+            .map(|piece| response.encode_piece(piece, &mut text))
+            .sum();
+        assert_eq!(made, text.len() + whole.len());
         let mut text = BytesMut::new();
         reply.encode_text(&mut text);
         let mut want = format!("EXPORTED 7 {}\r\n", whole.len()).into_bytes();

@@ -177,7 +177,7 @@ impl Reply {
     /// Writes the text-protocol form.
     pub fn encode_text(&self, dst: &mut BytesMut) {
         for piece in 0..self.text_pieces() {
-            self.text_piece(piece, dst);
+            let _counted = self.text_piece(piece, dst);
         }
     }
 
@@ -195,8 +195,9 @@ impl Reply {
         }
     }
 
-    /// Writes piece `piece` of the text form.
-    fn text_piece(&self, piece: usize, dst: &mut BytesMut) {
+    /// Writes piece `piece` of the text form; returns the bytes it made
+    /// without writing them (an export line counted).
+    fn text_piece(&self, piece: usize, dst: &mut BytesMut) -> usize {
         let word = self.word();
         match self {
             Reply::Batch(jobs) => match piece.checked_sub(1) {
@@ -210,7 +211,7 @@ impl Reply {
             Reply::Exported { next, page } => {
                 let lines = page.lines();
                 if piece < lines {
-                    page.count(piece);
+                    return page.count(piece);
                 } else if piece == lines {
                     line(dst, format_args!("{word} {next} {}", page.bytes()));
                 } else if piece <= 2 * lines {
@@ -228,6 +229,7 @@ impl Reply {
             },
             _ => self.encode_text_whole(dst),
         }
+        0
     }
 
     /// Writes the text form of a reply that is written whole.
@@ -532,7 +534,7 @@ impl Response {
     /// Writes the reply in its mode's wire form.
     pub fn encode(&self, dst: &mut BytesMut) {
         for piece in 0..self.pieces() {
-            self.encode_piece(piece, dst);
+            let _made = self.encode_piece(piece, dst);
         }
     }
 
@@ -552,17 +554,23 @@ impl Response {
     }
 
     /// Writes piece `piece` (of [`Response::pieces`]) in its mode's form.
-    pub fn encode_piece(&self, piece: usize, dst: &mut BytesMut) {
-        match self.mode {
+    /// Returns the bytes the piece made, written or only counted (an
+    /// export page's lines are counted before they are written), so that
+    /// the writer can measure its work by them.
+    pub fn encode_piece(&self, piece: usize, dst: &mut BytesMut) -> usize {
+        let before = dst.len();
+        let counted = match self.mode {
             Mode::Text => self.reply.text_piece(piece, dst),
             Mode::Json => {
                 self.reply.json_piece(piece, dst);
                 if piece + 1 == self.reply.json_pieces() {
                     dst.put_slice(b"\r\n");
                 }
+                0
             }
-            Mode::Quiet => {}
-        }
+            Mode::Quiet => 0,
+        };
+        dst.len() - before + counted
     }
 }
 
