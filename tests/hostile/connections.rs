@@ -9,7 +9,6 @@ use delayq::config::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::cluster::{RedisCluster, unique_prefix};
 use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::common::{Backend, Client, TestServer, Yaml};
@@ -34,17 +33,7 @@ async fn a_connection_watching_many_tubes_closes_without_holding_up_others(backe
         Backend::Memory | Backend::Durable => 40_000,
         Backend::Redis | Backend::Cluster => 5_000,
     };
-    let redis = (backend == Backend::Redis).then(|| RedisServer::start(&[]));
-    let prefix = unique_prefix();
-    let daemon = match (&redis, backend) {
-        (Some(r), _) => Daemon::redis(&r.url).await,
-        (None, Backend::Cluster) => {
-            let seeds = RedisCluster::shared();
-            Daemon::start(&["--redis-cluster", seeds, "--redis-prefix", &prefix]).await
-        }
-        (None, Backend::Memory) => Daemon::start(&["--in-memory"]).await,
-        (None, _) => Daemon::start(&[]).await,
-    };
+    let (daemon, redis) = crate::daemon_on(backend).await;
     let mut many = daemon.client().await;
     let mut other = daemon.client().await;
     let watches: String = (0..n).map(|k| format!("watch w{k}\r\n")).collect();

@@ -10,9 +10,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::common::Backend;
-use crate::common::cluster::{RedisCluster, unique_prefix};
-use crate::common::daemon::Daemon;
-use crate::common::redis::RedisServer;
 
 backend_tests!(large_replies_to_clients_that_never_read_are_held_a_part_at_a_time);
 
@@ -37,17 +34,7 @@ async fn large_replies_to_clients_that_never_read_are_held_a_part_at_a_time(back
         Backend::Cluster => TUBES / 10,
         _ => TUBES,
     };
-    let redis = (backend == Backend::Redis).then(|| RedisServer::start(&[]));
-    let prefix = unique_prefix();
-    let daemon = match (&redis, backend) {
-        (Some(r), _) => Daemon::redis(&r.url).await,
-        (None, Backend::Cluster) => {
-            let seeds = RedisCluster::shared();
-            Daemon::start(&["--redis-cluster", seeds, "--redis-prefix", &prefix]).await
-        }
-        (None, Backend::Memory) => Daemon::start(&["--in-memory"]).await,
-        (None, _) => Daemon::start(&[]).await,
-    };
+    let (daemon, _redis) = crate::daemon_on(backend).await;
     let mut c = daemon.client().await;
     let body = vec![1u8; BODY];
     let mut schedules = Vec::new();

@@ -30,7 +30,30 @@ mod slow;
 
 use std::time::Duration;
 
+use common::Backend;
+use common::cluster::{RedisCluster, unique_prefix};
+use common::daemon::Daemon;
+use common::redis::RedisServer;
+
 pub use common::{scale, soak};
+
+/// A server process on `backend`, and the Redis it runs on (its own, on
+/// Redis; a prefix of its own in the shared cluster, on a Redis Cluster),
+/// which must be kept while it runs.
+pub async fn daemon_on(backend: Backend) -> (Daemon, Option<RedisServer>) {
+    let redis = (backend == Backend::Redis).then(|| RedisServer::start(&[]));
+    let daemon = match (&redis, backend) {
+        (Some(r), _) => Daemon::redis(&r.url).await,
+        (None, Backend::Cluster) => {
+            let seeds = RedisCluster::shared();
+            let prefix = unique_prefix();
+            Daemon::start(&["--redis-cluster", seeds, "--redis-prefix", &prefix]).await
+        }
+        (None, Backend::Memory) => Daemon::start(&["--in-memory"]).await,
+        (None, _) => Daemon::start(&[]).await,
+    };
+    (daemon, redis)
+}
 
 /// A process's resident memory, from `/proc`.
 pub fn rss_bytes(pid: u32) -> u64 {
