@@ -30,6 +30,7 @@ backend_tests!(
     tube_settings_and_schedules_move_too,
     bad_schedule_lines_are_refused_and_schedules_go_on,
     a_jobs_creation_time_survives_moves_to_the_millisecond,
+    each_export_lists_the_settings_as_they_are_then,
 );
 
 /// A tube no other test of the run uses.
@@ -474,6 +475,33 @@ async fn tube_settings_and_schedules_move_too(b: Backend) {
     let (mut s, mut m) = (server.client().await, memory.client().await);
     move_settings_and_schedule(&mut s, &mut m, "out").await;
     move_settings_and_schedule(&mut m, &mut s, "in").await;
+}
+
+/// The embedded engines keep the list an export gives of the tubes'
+/// settings until they change: an export after a `tube-set` has the new
+/// settings, and none once they are cleared.
+async fn each_export_lists_the_settings_as_they_are_then(b: Backend) {
+    let server = TestServer::start(b).await;
+    let mut c = server.client().await;
+    let tube = fresh_tube("listed");
+    for (set, want) in [
+        ("tries=5", vec!["tries=5"]),
+        ("tries=7 ttl=1h", vec!["tries=7 ttl=1h"]),
+        ("", vec![]),
+    ] {
+        let line = format!("tube-set {tube} {set}");
+        assert_eq!(c.cmd(line.trim_end()).await, "SET");
+        let listed: Vec<String> = export_tube(&mut c, &tube, 10)
+            .await
+            .iter()
+            .map(|line| {
+                let line: Value = serde_json::from_str(line).expect("JSON");
+                assert_eq!(line["kind"], "settings", "{line}");
+                line["options"].as_str().expect("options").to_string()
+            })
+            .collect();
+        assert_eq!(listed, want, "after tube-set {tube} {set}");
+    }
 }
 
 /// Makes settings, a schedule and a job on `from`, moves them to `to` and
