@@ -277,13 +277,12 @@ impl Reply {
 
     /// How many pieces the JSON form is written in (see
     /// [`Response::pieces`]): a batch a job at a time, the schedules one at
-    /// a time, an export page a line at a time; the same bytes as
-    /// [`Reply::to_json`] gives.
+    /// a time; the same bytes as [`Reply::to_json`] gives. (An export is
+    /// asked for in the text protocol only.)
     pub fn json_pieces(&self) -> usize {
         match self {
             Reply::Batch(jobs) => 2 + jobs.len(),
             Reply::Schedules(all, _) => 2 + all.len(),
-            Reply::Exported { page, .. } => 2 + page.lines(),
             _ => 1,
         }
     }
@@ -295,24 +294,6 @@ impl Reply {
             Reply::Schedules(all, now) => {
                 json_list_piece(dst, piece, "schedules", all, |s| schedule_json(s, *now));
             }
-            Reply::Exported { next, page } => match piece.checked_sub(1) {
-                None => {
-                    dst.put_slice(b"{\"success\":true,\"next\":");
-                    write_json(dst, &json!(next));
-                    dst.put_slice(b",\"data\":\"");
-                }
-                Some(i) if i < page.lines() => {
-                    let mut line = Vec::new();
-                    page.write(i, &mut line);
-                    // A line is JSON, so UTF-8; it goes into the string
-                    // escaped as the whole page's text would be.
-                    let quoted =
-                        serde_json::to_string(&String::from_utf8_lossy(&line)).unwrap_or_default();
-                    let inside = quoted.get(1..quoted.len().saturating_sub(1));
-                    dst.put_slice(inside.unwrap_or_default().as_bytes());
-                }
-                Some(_) => dst.put_slice(b"\"}"),
-            },
             _ => write_json(dst, &self.to_json()),
         }
     }
@@ -533,13 +514,16 @@ const CHUNK: usize = 64 << 10;
 impl Response {
     /// Writes the reply in its mode's wire form.
     pub fn encode(&self, dst: &mut BytesMut) {
-        for piece in 0..self.pieces() {
-            let _made = self.encode_piece(piece, dst);
+        match self.mode {
+            Mode::Text => self.reply.encode_text(dst),
+            Mode::Json => self.reply.encode_json(dst),
+            Mode::Quiet => {}
         }
     }
 
     /// How many pieces the reply is written in, in order. A reply that may
-    /// be large (a batch of jobs, the schedules in JSON, an export page)
+    /// be large (a batch of jobs, the schedules in JSON, an export page, a
+    /// YAML document)
     /// has one piece for each of its parts, so that a connection can send
     /// what it has written before writing more: it then holds a piece at a
     /// time, not the whole reply (1,000 schedules with 64 KiB bodies of

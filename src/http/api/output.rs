@@ -60,11 +60,10 @@ pub fn reply(reply: Reply) -> Response {
     response
 }
 
-/// The body of a reply that may be large (a batch, the schedules, an
-/// export page), made a piece at a time as the client takes it, as the
-/// JSON-lines protocol sends it: made whole, 1,000 schedules with 64 KiB
-/// bodies of control bytes are 393 MB, held for as long as the client
-/// takes to read them.
+/// The body of a reply that may be large (a batch of jobs), made a piece
+/// at a time as the client takes it, as the JSON-lines protocol sends it:
+/// made whole, 1,000 jobs of 64 KiB of control bytes are 393 MB, held for
+/// as long as the client takes to read them.
 fn streamed(reply: Reply) -> impl IntoResponse {
     let pieces = stream::iter(0..reply.json_pieces()).map(move |piece| {
         let mut out = BytesMut::new();
