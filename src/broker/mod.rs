@@ -38,7 +38,7 @@ use crate::job::{
 use crate::metrics::{Instruments, StoreOp};
 use crate::names::{JobId, Tube};
 use crate::rules;
-use crate::store::{ConnId, Store, TubeRef, TubeSettings};
+use crate::store::{ConnId, Store, TubeList, TubeRef, TubeSettings};
 use handout::Passes;
 use timer::Alarm;
 use waiters::Waiters;
@@ -396,7 +396,7 @@ impl<S: Store> Broker<S> {
     }
 
     /// Tubes that exist, oldest first.
-    pub async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
+    pub async fn list_tubes(&self) -> StoreResult<TubeList> {
         self.call(StoreOp::ListTubes, self.store.list_tubes()).await
     }
 

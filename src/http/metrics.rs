@@ -176,10 +176,9 @@ async fn gather<S: Store>(shared: &Shared<S>) -> Figures {
 async fn store_figures<S: Store>(broker: &Broker<S>) -> StoreResult<StoreFigures> {
     let limit = broker.call_limit();
     let (stats, waiting) = within(limit, broker.stats()).await?;
-    let mut tubes = within(limit, broker.list_tubes()).await?;
+    let tubes = within(limit, broker.list_tubes()).await?;
     let unlisted = tubes.len().saturating_sub(MAX_TUBES) as u64;
-    tubes.truncate(MAX_TUBES);
-    let tubes: Vec<_> = stream::iter(tubes)
+    let tubes: Vec<_> = stream::iter(tubes.iter().take(MAX_TUBES).cloned())
         .map(|tube| async move { within(limit, broker.stats_tube(&tube)).await })
         .buffered(TUBES_AT_ONCE)
         // A tube gone since it was listed has no figures.

@@ -14,7 +14,7 @@ use super::failure::failed;
 use super::options;
 use super::reply::Reply;
 use super::session::{Outcome, Session, Wanted, secs, without_waiting};
-use super::stats::{render_job, render_tube, render_tubes};
+use super::stats::{render_job, render_tube};
 use crate::auth::Access;
 use crate::error::StoreResult;
 use crate::job::{ExportCursor, NewJob, PutOutcome, WholeJob};
@@ -213,12 +213,18 @@ impl<S: Store> Session<S> {
                 Reply::Yaml(shared.stats.render(conns, &totals, waiting, max_job_size))
             }
             Command::ListTubes => {
-                let mut tubes = broker.list_tubes().await?;
-                tubes.retain(|t| self.may_reserve_from(t));
-                Reply::Yaml(render_tubes(&tubes))
+                let tubes = broker.list_tubes().await?;
+                // The list the store shares, unless a token's prefix hides
+                // some of it.
+                if tubes.iter().all(|t| self.may_reserve_from(t)) {
+                    Reply::Tubes(tubes)
+                } else {
+                    let mine = tubes.iter().filter(|t| self.may_reserve_from(t));
+                    Reply::Tubes(mine.cloned().collect())
+                }
             }
             Command::ListTubeUsed => Reply::Using(self.used.clone()),
-            Command::ListTubesWatched => Reply::Yaml(render_tubes(&self.watched)),
+            Command::ListTubesWatched => Reply::Tubes(self.watched.iter().cloned().collect()),
             Command::PauseTube(tube, delay) => {
                 found(broker.pause_tube(&tube, secs(delay)).await?, Reply::Paused)
             }

@@ -15,6 +15,7 @@ use super::options::show_duration;
 use crate::job::JobBody;
 use crate::names::{JobId, Tube};
 use crate::schedule::{Schedule, When, show_moment};
+use crate::store::TubeList;
 
 /// Which protocol a request came in, and so which one its reply goes out in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,10 @@ pub enum Reply {
     KickedJob,
     /// `OK <bytes>` and a YAML document.
     Yaml(String),
+    /// `OK <bytes>` and a YAML list of tubes (`list-tubes`,
+    /// `list-tubes-watched`), made a few hundred names at a time as the
+    /// client takes it; in JSON, `{"success":true,"tubes":[...]}`.
+    Tubes(TubeList),
     /// `PAUSED`.
     Paused,
     /// `SET`: a tube's settings were set (extension).
@@ -153,7 +158,7 @@ impl Reply {
             Reply::NotIgnored => "NOT_IGNORED",
             Reply::Found(_) => "FOUND",
             Reply::Kicked(_) | Reply::KickedJob => "KICKED",
-            Reply::Yaml(_) => "OK",
+            Reply::Yaml(_) | Reply::Tubes(_) => "OK",
             Reply::Paused => "PAUSED",
             Reply::Draining => "DRAINING",
             Reply::OutOfMemory => "OUT_OF_MEMORY",
@@ -183,14 +188,15 @@ impl Reply {
 
     /// How many pieces the text form is written in (see
     /// [`Response::pieces`]): a batch a job at a time, an export page a
-    /// line at a time, a YAML document (`list-tubes` of millions of tubes)
-    /// in chunks.
+    /// line at a time, a list of tubes a few hundred names at a time, any
+    /// other YAML document in chunks.
     fn text_pieces(&self) -> usize {
         match self {
             Reply::Batch(jobs) => 1 + jobs.len(),
             // Its lines counted, for the length said first, then written.
             Reply::Exported { page, .. } => 2 + 2 * page.lines(),
             Reply::Yaml(doc) => 2 + doc.len().div_ceil(CHUNK),
+            Reply::Tubes(tubes) => 2 + tubes.len().div_ceil(TUBES_A_PIECE),
             _ => 1,
         }
     }
@@ -220,6 +226,24 @@ impl Reply {
                     dst.put_slice(b"\r\n");
                 }
             }
+            Reply::Tubes(tubes) => match piece.checked_sub(1) {
+                None => {
+                    // `---\n`, then `- <name>\n` for each.
+                    let len: usize = 4 + tubes.iter().map(|t| t.as_str().len() + 3).sum::<usize>();
+                    line(dst, format_args!("{word} {len}"));
+                    dst.put_slice(b"---\n");
+                }
+                Some(i) => match tubes.chunks(TUBES_A_PIECE).nth(i) {
+                    Some(some) => {
+                        for tube in some {
+                            dst.put_slice(b"- ");
+                            dst.put_slice(tube.as_str().as_bytes());
+                            dst.put_u8(b'\n');
+                        }
+                    }
+                    None => dst.put_slice(b"\r\n"),
+                },
+            },
             Reply::Yaml(doc) => match piece.checked_sub(1) {
                 None => line(dst, format_args!("{word} {}", doc.len())),
                 Some(i) => match doc.as_bytes().chunks(CHUNK).nth(i) {
@@ -283,6 +307,7 @@ impl Reply {
         match self {
             Reply::Batch(jobs) => 2 + jobs.len(),
             Reply::Schedules(all, _) => 2 + all.len(),
+            Reply::Tubes(tubes) => 2 + tubes.len().div_ceil(TUBES_A_PIECE),
             _ => 1,
         }
     }
@@ -294,6 +319,21 @@ impl Reply {
             Reply::Schedules(all, now) => {
                 json_list_piece(dst, piece, "schedules", all, |s| schedule_json(s, *now));
             }
+            Reply::Tubes(tubes) => match piece.checked_sub(1) {
+                None => dst.put_slice(b"{\"success\":true,\"tubes\":["),
+                Some(i) => match tubes.chunks(TUBES_A_PIECE).nth(i) {
+                    Some(some) => {
+                        for (j, tube) in some.iter().enumerate() {
+                            if i > 0 || j > 0 {
+                                dst.put_u8(b',');
+                            }
+                            // Serializing a string into memory cannot fail.
+                            let _ = serde_json::to_writer(dst.writer(), tube.as_str());
+                        }
+                    }
+                    None => dst.put_slice(b"]}"),
+                },
+            },
             _ => write_json(dst, &self.to_json()),
         }
     }
@@ -339,6 +379,10 @@ impl Reply {
             Reply::Removed { count, .. } => json!({"success": true, "count": count}),
             Reply::Scheduled(at) => json!({"success": true, "next": show_moment(*at)}),
             Reply::Unscheduled => json!({"success": true}),
+            Reply::Tubes(tubes) => json!({
+                "success": true,
+                "tubes": tubes.iter().map(|t| t.as_str()).collect::<Vec<_>>(),
+            }),
             Reply::Schedules(all, now) => json!({
                 "success": true,
                 "schedules": all.iter().map(|s| schedule_json(s, *now)).collect::<Vec<_>>(),
@@ -510,6 +554,9 @@ pub struct Response {
 
 /// The most of a YAML document written as one piece.
 const CHUNK: usize = 64 << 10;
+
+/// Tubes a piece of a list of tubes: at most 256 × 203 bytes.
+const TUBES_A_PIECE: usize = 256;
 
 impl Response {
     /// Writes the reply in its mode's wire form.
@@ -690,6 +737,56 @@ mod tests {
         let mut got = BytesMut::new();
         response.encode(&mut got);
         assert_eq!(got, format!("OK {}\r\n{doc}\r\n", doc.len()).as_bytes());
+    }
+
+    /// A list of tubes comes out as the whole YAML document did, in both
+    /// modes, whether its names fill a piece, more than one or none.
+    #[test]
+    fn a_list_of_tubes_in_pieces_is_the_whole_list() {
+        for count in [
+            0,
+            1,
+            TUBES_A_PIECE,
+            TUBES_A_PIECE + 1,
+            3 * TUBES_A_PIECE + 7,
+        ] {
+            let names: Vec<String> = (0..count)
+                .map(|i| format!("{}{i}", "t".repeat(i % 200 / 2 + 1)))
+                .collect();
+            let tubes: TubeList = names
+                .iter()
+                .map(|n| Tube::parse(n.as_bytes()).expect("a tube name"))
+                .collect();
+            let mut doc = String::from("---\n");
+            for n in &names {
+                doc.push_str(&format!("- {n}\n"));
+            }
+            let text = Response {
+                mode: Mode::Text,
+                reply: Reply::Tubes(tubes.clone()),
+            };
+            assert_eq!(text.pieces(), 2 + count.div_ceil(TUBES_A_PIECE));
+            let mut got = BytesMut::new();
+            text.encode(&mut got);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                format!("OK {}\r\n{doc}\r\n", doc.len())
+            );
+            let json = Response {
+                mode: Mode::Json,
+                reply: Reply::Tubes(tubes),
+            };
+            let mut got = BytesMut::new();
+            for piece in 0..json.pieces() {
+                json.encode_piece(piece, &mut got);
+            }
+            let want = json!({"success": true, "tubes": names});
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                format!("{want}\r\n"),
+                "{count} tubes"
+            );
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::command::Command;
 use super::options;
 use crate::job::{JobState, JobStats, LogStats, StoreStats, TubeStats};
-use crate::names::{JobId, Tube};
+use crate::names::JobId;
 
 /// Commands counted in `stats`, in the order beanstalkd prints them, followed
 /// by delayq's extensions.
@@ -443,15 +443,6 @@ pub fn render_tube(t: &TubeStats, waiting: u64) -> String {
     y
 }
 
-/// A YAML list of tube names, as `list-tubes` and `list-tubes-watched` print.
-pub fn render_tubes<'a>(tubes: impl IntoIterator<Item = &'a Tube>) -> String {
-    let mut y = String::from("---\n");
-    for t in tubes {
-        let _ = writeln!(y, "- {t}");
-    }
-    y
-}
-
 /// Fields of the documents above that hold names or words: strings
 /// whatever they look like (a tube may be named `42`).
 const TEXT_FIELDS: &[&str] = &[
@@ -569,6 +560,7 @@ fn host() -> Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::Tube;
 
     #[test]
     fn times_show_as_beanstalkd_shows_them() {
@@ -671,10 +663,7 @@ mod tests {
         };
         assert_eq!(typed_fields(&render_job(&job))["id"], "7");
 
-        assert_eq!(
-            document_json(&render_tubes(&[Tube::default_tube()])),
-            json!(["default"])
-        );
+        assert_eq!(document_json("---\n- default\n"), json!(["default"]));
         assert_eq!(document_json("---\n"), json!([]));
     }
 

@@ -35,6 +35,12 @@ pub type ConnId = u64;
 /// keeps it hands them all the same one.
 pub type TubeSettings = std::sync::Arc<[(Tube, Lifecycle)]>;
 
+/// Tubes that exist, oldest first. Shared for the same reason: a client
+/// that asks for `list-tubes` and does not read holds it until it has
+/// written every name, and an engine that keeps it hands every such client
+/// the same one.
+pub type TubeList = std::sync::Arc<[Tube]>;
+
 /// What a timer pass did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tick {
@@ -182,7 +188,7 @@ pub trait Store: Send + Sync + 'static {
     fn stats(&self) -> impl Future<Output = StoreResult<StoreStats>> + Send;
 
     /// Tubes that exist, oldest first.
-    fn list_tubes(&self) -> impl Future<Output = StoreResult<Vec<Tube>>> + Send;
+    fn list_tubes(&self) -> impl Future<Output = StoreResult<TubeList>> + Send;
 
     /// Stops handing out jobs from an existing tube for `delay` (zero resumes).
     fn pause_tube(

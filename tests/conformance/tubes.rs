@@ -11,6 +11,8 @@ backend_tests!(
     tube_lifetime_and_list_order,
     default_tube_always_exists,
     a_pause_outlives_the_last_user_of_a_tube_that_holds_jobs,
+    a_listing_follows_a_tube_that_goes_as_another_comes,
+    a_long_listing_is_whole,
 );
 
 async fn use_routes_puts_and_reserve_follows_watch_list(backend: Backend) {
@@ -224,4 +226,45 @@ async fn a_pause_outlives_the_last_user_of_a_tube_that_holds_jobs(backend: Backe
     let s = worker.stats_tube("held").await;
     assert_eq!((s.num("pause"), s.num("current-jobs-ready")), (60, 1));
     assert!(s.num("pause-time-left") > 0, "{s:?}");
+}
+
+/// A listing after one tube went and another came, the count unchanged, is
+/// the new one (an engine that keeps the list must not hand out the old).
+async fn a_listing_follows_a_tube_that_goes_as_another_comes(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    b.cmd("watch one").await;
+    assert_eq!(a.tubes().await, ["default", "one"]);
+    b.cmd("watch two").await;
+    b.cmd("ignore one").await;
+    assert_eq!(a.tubes().await, ["default", "two"]);
+    b.cmd("ignore default").await;
+    b.cmd("watch three").await;
+    b.cmd("ignore two").await;
+    assert_eq!(a.tubes().await, ["default", "three"]);
+    assert_eq!(b.yaml("list-tubes-watched").await.items, ["three"]);
+}
+
+/// A listing of more tubes than are written at a time, with names up to
+/// the longest, is every tube, its length as said.
+async fn a_long_listing_is_whole(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    let names: Vec<String> = (0..700)
+        .map(|i| format!("{i}-{}", "n".repeat(i % 190)))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        let watching = format!("WATCHING {}", i + 2);
+        assert_eq!(b.cmd(&format!("watch {name}")).await, watching);
+    }
+    let mut want = vec!["default".to_string()];
+    want.extend(names.iter().cloned());
+    assert_eq!(a.tubes().await, want);
+    let mut watched = want.clone();
+    watched.sort();
+    let mut got = b.yaml("list-tubes-watched").await.items;
+    got.sort();
+    assert_eq!(got, watched);
 }

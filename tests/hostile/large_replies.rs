@@ -2,7 +2,8 @@
 //! body in JSON, an export's first page with every tube's settings), asked
 //! for by clients that never read them: the server writes such a reply a
 //! part at a time as the client takes it, so it holds a part, not the
-//! whole, and answers everyone else meanwhile.
+//! whole, and answers everyone else meanwhile. The same for a list of
+//! many tubes with long names.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,10 @@ use tokio::net::TcpStream;
 
 use crate::common::Backend;
 
-backend_tests!(large_replies_to_clients_that_never_read_are_held_a_part_at_a_time);
+backend_tests!(
+    large_replies_to_clients_that_never_read_are_held_a_part_at_a_time,
+    a_list_of_tubes_to_clients_that_never_read_is_held_a_part_at_a_time,
+);
 
 /// The most schedules a store keeps.
 const SCHEDULES: usize = 1000;
@@ -139,4 +143,75 @@ async fn export_first_page(c: &mut crate::common::Client) -> Vec<serde_json::Val
         .filter(|l| !l.is_empty())
         .map(|l| serde_json::from_slice(l).expect("a JSON line"))
         .collect()
+}
+
+/// Tubes watched for the list (a tenth on a Redis Cluster, as above).
+const LISTED: usize = 20_000;
+
+async fn a_list_of_tubes_to_clients_that_never_read_is_held_a_part_at_a_time(backend: Backend) {
+    let clients = crate::scale(16, 64);
+    let tubes = match backend {
+        Backend::Cluster => LISTED / 10,
+        _ => LISTED,
+    };
+    let (daemon, _redis) = crate::daemon_on(backend).await;
+    let mut c = daemon.client().await;
+    // Names of 200 bytes, the longest: the YAML list is 4 MB.
+    let name = |k: usize| format!("t{k:05}-{}", "a".repeat(193));
+    for first in (0..tubes).step_by(1000) {
+        let watches: String = (first..first + 1000)
+            .map(|k| format!("watch {}\r\n", name(k)))
+            .collect();
+        c.send(watches.as_bytes()).await;
+        for k in first..first + 1000 {
+            assert_eq!(c.line().await, format!("WATCHING {}", k + 2));
+        }
+    }
+    // A client that reads gets the list whole.
+    let listed = c.yaml("list-tubes").await.items;
+    assert_eq!(listed.len(), tubes + 1);
+    assert_eq!(listed[1], name(0));
+    assert_eq!(listed[tubes], name(tubes - 1));
+
+    let pid = daemon.child.id();
+    let before = crate::rss_bytes(pid);
+    let mut hogs = Vec::new();
+    for _ in 0..clients {
+        let mut s = TcpStream::connect(daemon.addr).await.expect("connect");
+        s.write_all(b"list-tubes\r\n").await.expect("write");
+        hogs.push(s);
+    }
+    let mut other = daemon.client().await;
+    let mut slowest = Duration::ZERO;
+    let mut grown = 0;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let asked = Instant::now();
+        assert!(other.stats().await.num("current-connections") >= 2);
+        slowest = slowest.max(asked.elapsed());
+        grown = grown.max(crate::rss_bytes(pid).saturating_sub(before));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Redis hands over every name afresh for each listing (each name its
+    // own allocation, and a place in the list), held while it is sent.
+    let fetched = match backend {
+        Backend::Redis | Backend::Cluster => (clients * tubes * (200 + 64)) as u64,
+        Backend::Memory | Backend::Durable => 0,
+    };
+    assert!(
+        grown < BOUND + fetched,
+        "the server grew by {grown} bytes for {clients} clients that asked for \
+         a list of {tubes} tubes and never read it"
+    );
+    assert!(
+        slowest < Duration::from_secs(5),
+        "another client's stats took {slowest:?}"
+    );
+    drop(hogs);
+    println!(
+        "{backend:?}: {clients} clients asked for a {:.1} MB list of tubes and never \
+         read; the server grew {:.1} MB; another client's stats took {slowest:.1?} at most",
+        ((tubes + 1) * 203) as f64 / 1e6,
+        grown as f64 / 1e6,
+    );
 }

@@ -145,6 +145,7 @@ fn status(reply: &Reply) -> StatusCode {
         | Reply::Kicked(_)
         | Reply::KickedJob
         | Reply::Yaml(_)
+        | Reply::Tubes(_)
         | Reply::Paused
         | Reply::Set
         | Reply::Scheduled(_)

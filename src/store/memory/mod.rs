@@ -35,7 +35,7 @@ use crate::job::{
     Reserved, StoreStats, TubeStats, WholeJob,
 };
 use crate::names::{JobId, Tube};
-use crate::store::{ConnId, Store, Tick, TubeRef, TubeSettings};
+use crate::store::{ConnId, Store, Tick, TubeList, TubeRef, TubeSettings};
 use journal::{Journal, Log, Volatile, Written};
 
 /// The embedded storage engine; in memory only unless given a log.
@@ -353,7 +353,7 @@ impl<L: Log> Store for MemoryStore<L> {
         Ok(stats)
     }
 
-    async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
+    async fn list_tubes(&self) -> StoreResult<TubeList> {
         self.read(|st, _| st.list_tubes())
     }
 

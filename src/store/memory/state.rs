@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
@@ -27,7 +27,7 @@ use crate::clock::Micros;
 use crate::job::{Counts, JobBody, JobCounters, LifeStats, Lifecycle};
 use crate::names::{JobId, Tube};
 use crate::rules::is_urgent;
-use crate::store::{ConnId, TubeSettings};
+use crate::store::{ConnId, TubeList, TubeSettings};
 
 /// The holder `link` is given for states other than reserved.
 pub(super) const NO_CONN: ConnId = 0;
@@ -265,6 +265,11 @@ pub struct State {
     pub(super) names: HashMap<Arc<str>, Slot>,
     /// In creation order, which `list-tubes` reports.
     pub(super) tubes: IndexMap<Tube, TubeState>,
+    /// Tubes removed from `tubes`, ever.
+    pub(super) tubes_gone: u64,
+    /// `tubes` as `list-tubes` lists them, with the count of tubes and of
+    /// `tubes_gone` it was listed at (see `State::list_tubes`).
+    pub(super) tubes_listed: Mutex<Option<((usize, u64), TubeList)>>,
     /// Every tube with delayed jobs, by the due time of its first one: the
     /// timer looks at the first entry only.
     pub(super) soonest: BTreeSet<(Micros, Tube)>,
@@ -346,6 +351,8 @@ impl State {
             hasher: DefaultHashBuilder::default(),
             names: HashMap::new(),
             tubes,
+            tubes_gone: 0,
+            tubes_listed: Mutex::new(None),
             soonest: BTreeSet::new(),
             reserved: BTreeMap::new(),
             pauses: BTreeSet::new(),
@@ -606,6 +613,7 @@ impl State {
             // that watched tens of thousands of tubes stop the server for
             // seconds as it closed.
             self.tubes.swap_remove(tube);
+            self.tubes_gone += 1;
         }
     }
 }

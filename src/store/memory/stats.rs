@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::state::{St, State, TubeState};
 use crate::clock::Micros;
-use crate::store::TubeSettings;
+use crate::store::{TubeList, TubeSettings};
 use bytes::Bytes;
+use std::sync::PoisonError;
 
 use crate::job::{
     Counts, ExportCursor, ExportPage, JobBody, JobState, JobStats, StoreStats, TubeStats, WholeJob,
@@ -164,8 +165,23 @@ impl State {
         }
     }
 
-    /// Tubes that exist, oldest first.
-    pub fn list_tubes(&self) -> Vec<Tube> {
-        self.tubes.keys().cloned().collect()
+    /// Tubes that exist, oldest first: listed once until a tube comes or
+    /// goes, so that listings asked for together share one list.
+    pub fn list_tubes(&self) -> TubeList {
+        let mut listed = self
+            .tubes_listed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // A tube only ever comes by adding to the end, and goes through
+        // `tubes_gone`: an unchanged count of both is an unchanged list.
+        let now = (self.tubes.len(), self.tubes_gone);
+        match &*listed {
+            Some((then, list)) if *then == now => list.clone(),
+            _ => {
+                let list: TubeList = self.tubes.keys().cloned().collect();
+                *listed = Some((now, list.clone()));
+                list
+            }
+        }
     }
 }

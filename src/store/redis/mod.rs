@@ -47,7 +47,7 @@ use library::{Kind, Library};
 use refs::Refs;
 use shards::Sharding;
 
-use super::{ConnId, Store, StoreEvent, Tick, TubeRef, TubeSettings};
+use super::{ConnId, Store, StoreEvent, Tick, TubeList, TubeRef, TubeSettings};
 use crate::error::{StoreError, StoreResult};
 use crate::job::{
     ExportCursor, ExportPage, JobBody, JobState, JobStats, Lifecycle, NewJob, Put, PutOutcome,
@@ -1148,10 +1148,10 @@ impl Store for RedisStore {
         decode::store_stats(sum)
     }
 
-    async fn list_tubes(&self) -> StoreResult<Vec<Tube>> {
+    async fn list_tubes(&self) -> StoreResult<TubeList> {
         if self.sharding.is_none() {
             let names: Vec<String> = parse(self.op(Kind::Reads, "list_tubes", Vec::new()).await?)?;
-            return names.iter().map(|n| tube(n)).collect();
+            return names.iter().map(|n| tube(n)).collect::<StoreResult<_>>();
         }
         // Each shard's list, and the control slot's, with when each tube
         // was first seen there: merged by the earliest. A tube the control
@@ -1159,18 +1159,25 @@ impl Store for RedisStore {
         // slot is told to forget it.
         let all: Vec<Vec<Value>> = self.every("list_tubes", Vec::new, true).await?;
         let mut first: Vec<(f64, Tube, bool)> = Vec::new();
+        // Where each tube is in `first`: a search of the list for every
+        // entry would make the merge quadratic in the number of tubes.
+        let mut at: std::collections::HashMap<Tube, usize> = std::collections::HashMap::new();
         for v in all {
             for entry in v.chunks(3) {
                 if let [name, score, live] = entry {
                     let t = tube(&parse::<String>(name.clone())?)?;
                     let score: f64 = parse(score.clone())?;
                     let live = parse::<i64>(live.clone())? == 1;
-                    match first.iter_mut().find(|(_, u, _)| *u == t) {
-                        Some(known) => {
+                    match at.get(&t) {
+                        Some(&i) => {
+                            let known = &mut first[i];
                             known.0 = known.0.min(score);
                             known.2 |= live;
                         }
-                        None => first.push((score, t, live)),
+                        None => {
+                            at.insert(t.clone(), first.len());
+                            first.push((score, t, live));
+                        }
                     }
                 }
             }
