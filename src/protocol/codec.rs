@@ -177,6 +177,13 @@ impl Decoder for Codec {
                             refused_put: false,
                         }));
                     }
+                    // A CR inside the line (protocol.md: a bare CR) makes
+                    // it no command, whatever its words would have said: a
+                    // put's options are not read for a reply of their own,
+                    // nor its data.
+                    if memchr::memchr(b'\r', line).is_some() {
+                        return Ok(Codec::text(Err(ClientError::BadFormat)));
+                    }
                     match parse_line(line) {
                         Ok(Line::Command(cmd)) => return Ok(Codec::text(Ok(cmd))),
                         Err(e) => return Ok(Codec::text(Err(e))),
@@ -399,6 +406,28 @@ mod tests {
                 Err(ClientError::UnknownCommand)
             ]
         );
+    }
+
+    /// A bare CR makes any line `BAD_FORMAT`, its data unread, whatever
+    /// else is wrong with it (an option, a schedule).
+    #[test]
+    fn a_bare_cr_is_bad_format_before_anything_else() {
+        for line in [
+            &b"stats\r\r\n"[..],
+            b"put 0 0 60 3 fz-id\rX\r\nabc\r\n",
+            b"put 0 0 60 3 fz-id tries=3\rX\r\nabc\r\n",
+            b"schedule s1 fz 0 60 3 every 5s\rX\r\nabc\r\n",
+            b"schedule s1 fz 0 60 3 cron UTC * * * * *\rX\r\nabc\r\n",
+        ] {
+            let got = decode_all(&mut codec(), line);
+            assert_eq!(got[0], Err(ClientError::BadFormat), "{line:?}");
+            // The data, if any, is a line of its own.
+            assert!(
+                got[1..]
+                    .iter()
+                    .all(|c| *c == Err(ClientError::UnknownCommand))
+            );
+        }
     }
 
     fn decode_in_chunks(input: &[u8], cuts: &[usize]) -> (Vec<Request>, usize) {
