@@ -7,12 +7,13 @@ use std::sync::Arc;
 /// Longest tube name or client-chosen job id, in bytes (beanstalkd's limit).
 pub const MAX_NAME_LEN: usize = 200;
 
-/// The largest server id an import may bring, 2^47 - 1. Server ids stay
-/// within 48 bits, the twelve hex digits the Redis engine keys its jobs by
-/// (a larger one would take a key out of order there), so that an export
-/// goes into any engine; an import leaves the server at least 2^47 ids of
-/// its own after it before that.
-pub const MAX_IMPORTED_ID: u64 = (1 << 47) - 1;
+/// The largest server id an import may bring, 2^48 - 1: the twelve hex
+/// digits the Redis engine keys its jobs by (a larger one would take a key
+/// out of order there), so that an export goes into any engine. Every id a
+/// server gives is below it unless an import brought one near it: a limit
+/// lower than what servers give (it was 2^47 - 1) left the ids put after
+/// such an import refused by the next import.
+pub const MAX_IMPORTED_ID: u64 = (1 << 48) - 1;
 
 /// A job's id: either a number the server assigned or a name the client chose.
 ///

@@ -31,6 +31,7 @@ backend_tests!(
     bad_schedule_lines_are_refused_and_schedules_go_on,
     a_jobs_creation_time_survives_moves_to_the_millisecond,
     each_export_lists_the_settings_as_they_are_then,
+    an_export_of_ids_past_2_to_the_47_goes_into_another_server,
 );
 
 /// A tube no other test of the run uses.
@@ -290,9 +291,9 @@ async fn bad_import_lines_are_refused_and_the_connection_goes_on(b: Backend) {
         good.replace(r#""body":"x""#, r#""body-base64":"!!""#),
         good.replace(&format!(r#""tube":"{tube}""#), r#""tube":"bad tube""#),
         good.replace(r#""pri":1"#, r#""pri":-1"#),
-        // An imported server id is 1 to 2^47 - 1.
+        // An imported server id is 1 to 2^48 - 1.
         good.replace(&format!(r#""id":"{tube}:x""#), r#""id":0"#),
-        good.replace(&format!(r#""id":"{tube}:x""#), r#""id":140737488355328"#),
+        good.replace(&format!(r#""id":"{tube}:x""#), r#""id":281474976710656"#),
         // Delays and TTRs are at most 2^32 - 1 seconds, as a put's.
         good.replace(r#""ttr-ms":1000"#, r#""ttr-ms":4294967296000"#),
         good.replace(
@@ -631,4 +632,31 @@ async fn a_jobs_creation_time_survives_moves_to_the_millisecond(b: Backend) {
         assert_eq!(job["created"], CREATED, "round {round}: {}", out[0]);
         assert_eq!(c.cmd(&format!("delete {tube}:job")).await, "DELETED");
     }
+}
+
+/// A server that imported an id near the old limit of imports (2^47 - 1)
+/// hands out ids past it; its export goes into another server all the same.
+async fn an_export_of_ids_past_2_to_the_47_goes_into_another_server(b: Backend) {
+    let server = TestServer::start(b).await;
+    let mut c = server.client().await;
+    let tube = fresh_tube("high");
+    let top = (1u64 << 47) - 1;
+    let line = format!(
+        r#"{{"id":{top},"tube":"{tube}","state":"ready","pri":1,"created":"2026-01-01T00:00:00Z","ttr-ms":60000,"body":"top"}}"#
+    );
+    import_all(&mut c, &[line]).await;
+    assert_eq!(c.cmd(&format!("use {tube}")).await, format!("USING {tube}"));
+    let next = c.put_ok(1, 0, 60, b"after").await;
+    assert!(next > top, "{next} is past {top}");
+    let lines = export_tube(&mut c, &tube, 10).await;
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let other = TestServer::start(b).await;
+    let mut o = other.client().await;
+    let ids = import_all(&mut o, &lines).await;
+    // Kept, but on the shared cluster, where they may be taken.
+    if b != Backend::Cluster {
+        assert_eq!(ids, [top.to_string(), next.to_string()]);
+    }
+    assert_eq!(o.cmd(&format!("use {tube}")).await, format!("USING {tube}"));
+    assert_eq!(o.found("peek-ready").await.body, b"top");
 }
