@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::Client;
 use crate::common::daemon::Daemon;
-use crate::snapshot::{churn_until_compacted, stop};
+use crate::snapshot::{churn_until_compacted, snapshot_start, stop};
 use crate::{copy_dir, files_named, log_files, start_or_refuse};
 
 /// Small log files: a few hundred puts of 1 KB fill several.
@@ -346,4 +346,71 @@ async fn a_damaged_copy_of_the_head_is_said_and_the_other_used() {
         assert!(said.contains("copies is damaged"), "{said}");
         bytes = std::fs::read(&head).unwrap();
     }
+}
+
+/// Sets the first record that log file `path`'s header says it begins at,
+/// and clears its records: a damaged header, and no record to say so.
+fn says_it_begins_at(path: &Path, first: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[24..32].copy_from_slice(&first.to_le_bytes());
+    bytes[32..].fill(0);
+    std::fs::write(path, &bytes).unwrap();
+}
+
+/// The newest log file's header saying it begins at record 1, or 0, with
+/// its records cleared: taken at its word, the files before it were
+/// leftovers of a compaction, and were removed with every job in them,
+/// though there is no snapshot. Refused, naming it, every file kept; with
+/// `--salvage` it is set aside and the older files' jobs are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newest_log_file_saying_it_begins_at_the_start_is_refused() {
+    const N: usize = 300;
+    for first in [1, 0] {
+        let (dir, last) = filled(N).await;
+        let logs = log_files(dir.path());
+        let newest = logs.last().unwrap().clone();
+        says_it_begins_at(&newest, first);
+        refused(dir.path(), &[name(&newest), "--salvage"]);
+        assert_eq!(log_files(dir.path()), logs, "every log file kept");
+
+        let scratch = tempfile::tempdir().unwrap();
+        let log = scratch.path().join("delayq.log");
+        let (ready, put) = salvage_start(dir.path(), &log).await;
+        assert!(
+            ready.len() > N / 2 && ready.len() < N,
+            "the older files' jobs: {} of {N}",
+            ready.len()
+        );
+        assert_eq!(ready, (1..=ready.len() as u64).collect::<Vec<_>>());
+        assert!(
+            put > last,
+            "id {put} handed out again (the last was {last})"
+        );
+    }
+}
+
+/// The same after a snapshot: the newest log file's header saying it
+/// begins where the snapshot does made the files before it leftovers,
+/// and the changes after the snapshot in them were lost. The head file's
+/// synced mark says they were synced: refused, every file kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_ending_below_its_synced_mark_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::durable(dir.path(), FILES).await;
+    let mut c = daemon.client().await;
+    churn_until_compacted(&mut c, dir.path()).await;
+    for k in 0..200 {
+        c.put_ok(0, 0, 60, &body(k)).await;
+    }
+    drop(c);
+    stop(daemon);
+    let snapshot = files_named(dir.path(), "snapshot.")
+        .pop()
+        .expect("a snapshot");
+    let logs = log_files(dir.path());
+    assert!(logs.len() >= 2, "log files after the snapshot: {logs:?}");
+    let newest = logs.last().unwrap().clone();
+    says_it_begins_at(&newest, snapshot_start(&snapshot));
+    refused(dir.path(), &[name(&newest), "synced", "--salvage"]);
+    assert_eq!(log_files(dir.path()), logs, "every log file kept");
 }

@@ -155,11 +155,13 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         None => None,
     };
     let mut start = 1;
+    let mut have_snapshot = false;
     let mut buf = Vec::new();
     if let Some((first, path)) = listing.snapshots.last() {
         match snapshot_header(path, *first) {
             Ok(()) => {
                 start = *first;
+                have_snapshot = true;
                 out.snapshot_bytes = load_snapshot(path, *first, state, salvage, &mut out)?;
             }
             Err(why) if salvage => {
@@ -179,9 +181,11 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
             .and_then(|()| {
                 read_header(Kind::Log, &head).map_err(|why| format!("bad header ({why})"))
             })
-            .and_then(|(n, first, version)| match n == *number {
-                true => Ok((n, first, version)),
-                false => Err(format!("its header says it is file {n}")),
+            .and_then(|(n, first, version)| match (n == *number, first) {
+                (false, _) => Err(format!("its header says it is file {n}")),
+                // Records are numbered from 1.
+                (true, 0) => Err("its header says it begins at record 0".to_string()),
+                (true, _) => Ok((n, first, version)),
             });
         match checked {
             Ok((n, first, version)) => headers.push((n, first, version, path.clone())),
@@ -196,8 +200,33 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         }
     }
     // The files to replay: from the last one that begins at or before the
-    // snapshot's start (older ones are leftovers of a compaction cut short).
-    let from = headers.iter().rposition(|&(_, first, _, _)| first <= start);
+    // snapshot's start (older ones are leftovers of a compaction cut short,
+    // removed once the start has succeeded). Without a snapshot there are
+    // none: a later file that says it begins at or before the first record
+    // has a damaged header, and taken at its word it would have the files
+    // before it, and every job in them, removed as leftovers.
+    let from = loop {
+        let from = headers.iter().rposition(|&(_, first, _, _)| first <= start);
+        let Some(i) = from.filter(|&i| i > 0 && !have_snapshot) else {
+            break from;
+        };
+        let (_, first, _, ref path) = headers[i];
+        let why = format!(
+            "it begins at record {first}, though log file {} before it begins at record {} \
+             and there is no snapshot",
+            log_name(headers[0].0),
+            headers[0].1
+        );
+        if !salvage {
+            return Err(damage(path, 0, &why));
+        }
+        warn!(
+            file = %path.display(),
+            "{why}: skipped whole, its records are lost; set aside as *.damaged (--salvage)"
+        );
+        out.damaged.push(path.clone());
+        headers.remove(i);
+    };
     let replay = match from {
         Some(i) => {
             out.leftovers = headers[..i].iter().map(|h| h.3.clone()).collect();
@@ -215,6 +244,8 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         warn!(file = %path.display(), "{why}; skipped (--salvage)");
         out.skipped += first - start;
     }
+    // The newest file replayed, and where its records end.
+    let mut ends: Option<(PathBuf, u64)> = None;
     for (i, (number, first, version, path)) in replay.iter().enumerate() {
         if i > 0 {
             let before = replay[i - 1].0;
@@ -259,6 +290,9 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
             &mut out,
             &mut buf,
         )?;
+        if newest {
+            ends = Some((path.clone(), used));
+        }
         // A file of an older format is read, never appended to: the next
         // records begin a new file.
         if newest && *version == VERSION {
@@ -295,6 +329,25 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
             "the log ends before the snapshot begins; the snapshot holds what is between"
         );
         out.next_seq = start;
+        out.current = None;
+    }
+    let recovered = out.next_seq - 1;
+    if listing.synced > recovered {
+        // Records known synced are gone: never what a crash leaves (it
+        // tears only what was not synced), and what was taken for a torn
+        // tail or files before the snapshot may be where they were.
+        let (path, offset) = ends.unwrap_or_else(|| (listing.dir.join(HEAD_FILE), 0));
+        let why = format!(
+            "the log ends at record {recovered}, but records up to {} were synced \
+             (the head file's synced mark)",
+            listing.synced
+        );
+        if !salvage {
+            return Err(damage(&path, offset as usize, &why));
+        }
+        warn!(file = %path.display(), "{why}; going on without them (--salvage)");
+        out.skipped += listing.synced - recovered;
+        out.salvaged = true;
         out.current = None;
     }
     Ok(out)
