@@ -342,3 +342,36 @@ async fn held_client_ids_whose_windows_ended_are_compacted_away() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// An older snapshot left beside the newest (a stop between the newest's
+/// naming and the older's removal) goes at the next start, and the jobs
+/// are the newest's and the log's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_snapshot_left_behind_goes_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::durable(dir.path(), &SMALL_FILES).await;
+    let mut c = daemon.client().await;
+    let kept = c.put_ok(0, 0, 60, b"kept").await;
+    churn_until_compacted(&mut c, dir.path()).await;
+    let older = snapshots(dir.path()).pop().expect("a snapshot");
+    let copy = std::fs::read(&older).unwrap();
+    let gone = c
+        .put_ok(0, 0, 60, b"deleted after the older snapshot")
+        .await;
+    assert_eq!(c.cmd(&format!("delete {gone}")).await, "DELETED");
+    churn_until_compacted(&mut c, dir.path()).await;
+    let newest = snapshots(dir.path()).pop().expect("a snapshot");
+    assert!(
+        newest > older,
+        "a later snapshot: {newest:?} after {older:?}"
+    );
+    drop(c);
+    stop(daemon);
+    std::fs::write(&older, &copy).unwrap();
+
+    let daemon = Daemon::durable(dir.path(), &SMALL_FILES).await;
+    assert_eq!(snapshots(dir.path()), [newest], "the older one went");
+    let mut c = daemon.client().await;
+    assert_eq!(c.found(&format!("peek {kept}")).await.body, b"kept");
+    assert_eq!(c.cmd(&format!("peek {gone}")).await, "NOT_FOUND");
+}

@@ -248,7 +248,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     if !got.leftovers.is_empty() && got.skipped == 0 {
         for path in &got.leftovers {
             if let Err(e) = std::fs::remove_file(path) {
-                warn!(file = %path.display(), error = %e, "cannot remove a needless log file");
+                warn!(file = %path.display(), error = %e, "cannot remove a needless file");
             }
         }
         if let Err(e) = sync_dir(dir) {
@@ -256,7 +256,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         }
         info!(
             files = got.leftovers.len(),
-            "removed log files wholly before the snapshot (a compaction was cut short)"
+            "removed log files wholly before the snapshot, and older snapshots (a compaction was cut short)"
         );
     }
     // Before any new log file is made: it may take the number of a file

@@ -63,8 +63,9 @@ pub struct Recovered {
     /// Files whose damaged rest was skipped (only with salvage): how many
     /// records it held cannot be told, so `skipped` does not count them.
     pub rests_skipped: u64,
-    /// Log files wholly before the snapshot, left by a compaction cut
-    /// short: needless, to be removed once the start has succeeded.
+    /// Log files wholly before the snapshot, and older snapshots, left by
+    /// a compaction cut short: needless, to be removed once the start has
+    /// succeeded.
     pub leftovers: Vec<PathBuf>,
     /// Files whose header is bad, skipped with salvage: to be set aside
     /// once the start has succeeded.
@@ -163,6 +164,12 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
                 start = *first;
                 have_snapshot = true;
                 out.snapshot_bytes = load_snapshot(path, *first, state, salvage, &mut out)?;
+                // Older snapshots are left by a stop between the naming of
+                // this one and their removal: needless, as the log files
+                // wholly before it are (a reviewer's kills near compactions
+                // left two of 10.6 MB for hundreds of thousands of changes).
+                let older = &listing.snapshots[..listing.snapshots.len() - 1];
+                out.leftovers.extend(older.iter().map(|(_, p)| p.clone()));
             }
             Err(why) if salvage => {
                 warn!(file = %path.display(), "{why}: skipped whole, its jobs are lost (--salvage)");
@@ -229,7 +236,8 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
     };
     let replay = match from {
         Some(i) => {
-            out.leftovers = headers[..i].iter().map(|h| h.3.clone()).collect();
+            out.leftovers
+                .extend(headers[..i].iter().map(|h| h.3.clone()));
             &headers[i..]
         }
         None => &headers[..],
