@@ -11,6 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::common::Backend;
+use crate::common::daemon::Daemon;
 
 backend_tests!(
     large_replies_to_clients_that_never_read_are_held_a_part_at_a_time,
@@ -78,31 +79,14 @@ async fn large_replies_to_clients_that_never_read_are_held_a_part_at_a_time(back
     let kinds = |kind: &str| page.iter().filter(|l| l["kind"] == kind).count();
     assert_eq!((kinds("settings"), kinds("schedule")), (tubes, SCHEDULES));
 
-    let pid = daemon.child.id();
-    let before = crate::rss_bytes(pid);
-    let mut hogs = Vec::new();
-    for k in 0..clients {
-        let mut s = TcpStream::connect(daemon.addr).await.expect("connect");
-        let ask: &[u8] = if k % 2 == 0 {
+    let (hogs, grown, slowest) = never_reading(&daemon, clients, |k| {
+        if k % 2 == 0 {
             b"{\"command\":\"schedules\"}\r\n"
         } else {
             b"export 0 1\r\n"
-        };
-        s.write_all(ask).await.expect("write");
-        hogs.push(s);
-    }
-    // Another client is answered meanwhile, in the time a command takes.
-    let mut other = daemon.client().await;
-    let mut slowest = Duration::ZERO;
-    let mut grown = 0;
-    let until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < until {
-        let asked = Instant::now();
-        assert!(other.stats().await.num("current-connections") >= 2);
-        slowest = slowest.max(asked.elapsed());
-        grown = grown.max(crate::rss_bytes(pid).saturating_sub(before));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        }
+    })
+    .await;
     // Redis hands over every schedule's body afresh for each listing, and
     // the listing is held while its reply is sent.
     let fetched = match backend {
@@ -173,25 +157,7 @@ async fn a_list_of_tubes_to_clients_that_never_read_is_held_a_part_at_a_time(bac
     assert_eq!(listed[1], name(0));
     assert_eq!(listed[tubes], name(tubes - 1));
 
-    let pid = daemon.child.id();
-    let before = crate::rss_bytes(pid);
-    let mut hogs = Vec::new();
-    for _ in 0..clients {
-        let mut s = TcpStream::connect(daemon.addr).await.expect("connect");
-        s.write_all(b"list-tubes\r\n").await.expect("write");
-        hogs.push(s);
-    }
-    let mut other = daemon.client().await;
-    let mut slowest = Duration::ZERO;
-    let mut grown = 0;
-    let until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < until {
-        let asked = Instant::now();
-        assert!(other.stats().await.num("current-connections") >= 2);
-        slowest = slowest.max(asked.elapsed());
-        grown = grown.max(crate::rss_bytes(pid).saturating_sub(before));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (hogs, grown, slowest) = never_reading(&daemon, clients, |_| b"list-tubes\r\n").await;
     // Redis hands over every name afresh for each listing (each name its
     // own allocation, and a place in the list), held while it is sent.
     let fetched = match backend {
@@ -214,4 +180,35 @@ async fn a_list_of_tubes_to_clients_that_never_read_is_held_a_part_at_a_time(bac
         ((tubes + 1) * 203) as f64 / 1e6,
         grown as f64 / 1e6,
     );
+}
+
+/// Connects `clients` clients that each send `ask(k)` and never read;
+/// meanwhile, for 2 s, another client asks for `stats`, in the time a
+/// command takes. Returns the clients (to be dropped), how much the server
+/// grew at most, and the slowest `stats`.
+async fn never_reading(
+    daemon: &Daemon,
+    clients: usize,
+    ask: impl Fn(usize) -> &'static [u8],
+) -> (Vec<TcpStream>, u64, Duration) {
+    let pid = daemon.child.id();
+    let before = crate::rss_bytes(pid);
+    let mut hogs = Vec::new();
+    for k in 0..clients {
+        let mut s = TcpStream::connect(daemon.addr).await.expect("connect");
+        s.write_all(ask(k)).await.expect("write");
+        hogs.push(s);
+    }
+    let mut other = daemon.client().await;
+    let mut slowest = Duration::ZERO;
+    let mut grown = 0;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let asked = Instant::now();
+        assert!(other.stats().await.num("current-connections") >= 2);
+        slowest = slowest.max(asked.elapsed());
+        grown = grown.max(crate::rss_bytes(pid).saturating_sub(before));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (hogs, grown, slowest)
 }
