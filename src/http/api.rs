@@ -412,10 +412,8 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
 }
 
 async fn list_tubes<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
-    document(
-        run(shared, no_tube(), Ok(Command::ListTubes)).await,
-        "tubes",
-    )
+    // `{"success":true,"tubes":[...]}`, streamed.
+    reply(run(shared, no_tube(), Ok(Command::ListTubes)).await)
 }
 
 async fn stats_tube<S: Store>(

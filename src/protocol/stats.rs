@@ -464,27 +464,19 @@ const TEXT_FIELDS: &[&str] = &[
 /// Fields of `stats-job` that print `none` when the job has no such option.
 const OPTIONAL_FIELDS: &[&str] = &["max-tries", "backoff", "backoff-max", "ttl", "unique"];
 
-/// One of the YAML documents above as JSON, for the HTTP API: a mapping
-/// as an object, in the same order; a list (of tubes) as an array of
-/// strings. Numbers are JSON numbers, `true` and `false` booleans, an
-/// option's `none` null, and a quoted value (a client id, the version) is
-/// the string inside the quotes.
+/// One of the YAML documents above as JSON, for the HTTP API: the mapping
+/// as an object, in the same order. Numbers are JSON numbers, `true` and
+/// `false` booleans, an option's `none` null, and a quoted value (a client
+/// id, the version) is the string inside the quotes. (A list of tubes is a
+/// reply of its own, `Reply::Tubes`, with its own JSON.)
 pub fn document_json(doc: &str) -> serde_json::Value {
-    use serde_json::Value;
     let mut fields = serde_json::Map::new();
-    let mut items = Vec::new();
     for line in doc.lines().filter(|l| *l != "---") {
-        if let Some(item) = line.strip_prefix("- ") {
-            items.push(Value::String(item.to_string()));
-        } else if let Some((key, raw)) = line.split_once(": ") {
+        if let Some((key, raw)) = line.split_once(": ") {
             fields.insert(key.to_string(), field_json(key, raw));
         }
     }
-    if fields.is_empty() {
-        Value::Array(items)
-    } else {
-        Value::Object(fields)
-    }
+    serde_json::Value::Object(fields)
 }
 
 /// One `key: value` of a document as a JSON value (see [`document_json`]).
@@ -662,9 +654,6 @@ mod tests {
             ..job
         };
         assert_eq!(typed_fields(&render_job(&job))["id"], "7");
-
-        assert_eq!(document_json("---\n- default\n"), json!(["default"]));
-        assert_eq!(document_json("---\n"), json!([]));
     }
 
     #[test]

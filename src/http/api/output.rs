@@ -77,8 +77,9 @@ fn streamed(reply: Reply) -> impl IntoResponse {
 }
 
 /// The response to a command answered with a YAML document (`stats`,
-/// `stats-tube`, `stats-job`, `list-tubes`): the document as JSON under
-/// `key`. Any other reply (`NOT_FOUND`, a failure) is answered as usual.
+/// `stats-tube`, `stats-job`): the document as JSON under `key`. Any other
+/// reply (`NOT_FOUND`, a failure, a list of tubes, which is streamed) is
+/// answered as usual.
 pub fn document(answer: Reply, key: &str) -> Response {
     match answer {
         Reply::Yaml(doc) => {
