@@ -129,14 +129,18 @@ async fn export_first_page(c: &mut crate::common::Client) -> Vec<serde_json::Val
         .collect()
 }
 
-/// Tubes watched for the list (a tenth on a Redis Cluster, as above).
+/// Tubes watched for the list: a quarter on Redis, where the debug build
+/// reads a list of 20,000 names from Redis in about the time a call is
+/// given on a loaded machine (CI once answered `INTERNAL_ERROR`), a tenth
+/// on a Redis Cluster, as above.
 const LISTED: usize = 20_000;
 
 async fn a_list_of_tubes_to_clients_that_never_read_is_held_a_part_at_a_time(backend: Backend) {
     let clients = crate::scale(16, 64);
     let tubes = match backend {
         Backend::Cluster => LISTED / 10,
-        _ => LISTED,
+        Backend::Redis => LISTED / 4,
+        Backend::Memory | Backend::Durable => LISTED,
     };
     let (daemon, _redis) = crate::daemon_on(backend).await;
     let mut c = daemon.client().await;
