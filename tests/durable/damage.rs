@@ -332,65 +332,6 @@ async fn an_unsynced_hole_is_a_torn_tail_whose_rest_never_comes_back() {
 
 /// One process per directory: a second exits at once with a clear error,
 /// and the first serves on.
-/// Records synced half a second before a SIGKILL, cut from the log with
-/// all after them, under a load that never left the log's thread idle (so
-/// the head file's synced mark says they were synced only because it is
-/// also written every 10 ms of syncs): refused, not taken for a torn tail,
-/// which would serve the jobs before the cut and hand out the ids of those
-/// after it again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn synced_records_cut_under_load_are_refused() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let dir = tempfile::tempdir().unwrap();
-    // Files large enough for every record of the run.
-    let one_file = ["-s", "16777216"];
-    let mut daemon = Daemon::durable(dir.path(), &one_file).await;
-    let acked = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    // Four clients pipelining: a change always waits when a sync ends.
-    let mut loads = Vec::new();
-    for _ in 0..4 {
-        let mut c = daemon.client().await;
-        let (acked, done) = (acked.clone(), done.clone());
-        loads.push(tokio::spawn(async move {
-            while !done.load(Ordering::Relaxed) {
-                c.send(&b"put 0 0 60 3\r\njob\r\n".repeat(16)).await;
-                for _ in 0..16 {
-                    assert!(c.line().await.starts_with("INSERTED "));
-                }
-                acked.fetch_add(16, Ordering::Relaxed);
-            }
-        }));
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let cut_after = acked.load(Ordering::Relaxed);
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    done.store(true, Ordering::Relaxed);
-    for load in loads {
-        load.await.unwrap();
-    }
-    daemon.kill();
-    let logs = log_files(dir.path());
-    assert_eq!(logs.len(), 1, "one log file");
-    let mut data = std::fs::read(&logs[0]).unwrap();
-    // Every record is a put, numbered from 1 as the acknowledgments.
-    let seq = |f: (usize, usize)| u64::from_le_bytes(data[f.0 + 8..f.0 + 16].try_into().unwrap());
-    let cut = frames(&data)
-        .into_iter()
-        .find(|&f| seq(f) > cut_after)
-        .expect("records after the cut")
-        .0;
-    data[cut..].fill(0);
-    std::fs::write(&logs[0], &data).unwrap();
-    let (status, stderr) = start_or_refuse(dir.path(), &one_file).expect("a refusal, not a start");
-    assert!(!status.success());
-    assert!(
-        stderr.contains("synced") && stderr.contains("--salvage"),
-        "{stderr}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_on_one_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -474,7 +474,6 @@ pub fn run(shared: Arc<Shared>) {
     // when to write it again if nothing comes meanwhile.
     let mut marked = shared.marks.borrow().synced;
     let mut mark_at: Option<Instant> = None;
-    let mut last_mark = Instant::now();
     loop {
         let unsynced = |shared: &Shared| {
             let m = shared.marks.borrow();
@@ -536,7 +535,7 @@ pub fn run(shared: Arc<Shared>) {
                     if now >= at {
                         drop(b);
                         mark_synced(&shared, synced, false);
-                        (marked, mark_at, last_mark) = (synced, None, Instant::now());
+                        (marked, mark_at) = (synced, None);
                         b = shared.lock();
                     } else {
                         b = shared
@@ -588,15 +587,6 @@ pub fn run(shared: Arc<Shared>) {
                 continue;
             }
             last_sync = Instant::now();
-            // Under load this thread is never idle for `MARK_AFTER`, and
-            // the mark would stay where it was when the load began: a
-            // start could then not tell synced records cut from the log
-            // (damage) from a torn tail.
-            let synced = shared.marks.borrow().synced;
-            if synced > marked && last_mark.elapsed() >= MARK_EVERY {
-                mark_synced(&shared, synced, false);
-                (marked, last_mark) = (synced, Instant::now());
-            }
         }
         if stopping && !unsynced(&shared) && shared.lock().chunks.is_empty() {
             mark_synced(&shared, shared.marks.borrow().synced, true);
@@ -607,10 +597,6 @@ pub fn run(shared: Arc<Shared>) {
 
 /// How long the writer is idle before it writes the synced mark.
 const MARK_AFTER: Duration = Duration::from_millis(1);
-
-/// How often, at most, it writes the mark after its syncs while it is
-/// never idle that long: a `pwrite` of 20 bytes, not synced.
-const MARK_EVERY: Duration = Duration::from_millis(10);
 
 /// Sets the head file's synced mark to `synced`. A failure only leaves the
 /// mark lower than it could be, which recovery reads as less known.
