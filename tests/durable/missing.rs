@@ -391,10 +391,10 @@ async fn a_newest_log_file_saying_it_begins_at_the_start_is_refused() {
 
 /// The same after a snapshot: the newest log file's header saying it
 /// begins where the snapshot does made the files before it leftovers,
-/// and the changes after the snapshot in them were lost. The head file's
-/// synced mark says they were synced: refused, every file kept.
+/// though they hold the changes made after the snapshot. Refused, naming
+/// one of them; every file kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_log_ending_below_its_synced_mark_is_refused() {
+async fn a_newest_log_file_saying_it_begins_at_the_snapshot_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::durable(dir.path(), FILES).await;
     let mut c = daemon.client().await;
@@ -411,6 +411,6 @@ async fn a_log_ending_below_its_synced_mark_is_refused() {
     assert!(logs.len() >= 2, "log files after the snapshot: {logs:?}");
     let newest = logs.last().unwrap().clone();
     says_it_begins_at(&newest, snapshot_start(&snapshot));
-    refused(dir.path(), &[name(&newest), "synced", "--salvage"]);
+    refused(dir.path(), &["lacks", "--salvage"]);
     assert_eq!(log_files(dir.path()), logs, "every log file kept");
 }

@@ -236,8 +236,29 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
     };
     let replay = match from {
         Some(i) => {
-            out.leftovers
-                .extend(headers[..i].iter().map(|h| h.3.clone()));
+            // Taken at the word of the header of the file after them: a
+            // leftover must hold no record the snapshot lacks, or a damaged
+            // header would have it removed with those records.
+            let mut whole = true;
+            for (_, _, version, path) in &headers[..i] {
+                if let Some(seq) = first_record_from(path, *version, start)? {
+                    let why = format!(
+                        "it holds record {seq}, which the snapshot (from record {start}) \
+                         lacks, though the header of the log file after it says it \
+                         begins by then"
+                    );
+                    if !salvage {
+                        return Err(damage(path, 0, &why));
+                    }
+                    warn!(file = %path.display(), "{why}; kept, not replayed (--salvage)");
+                    out.skipped += 1;
+                    whole = false;
+                }
+            }
+            if whole {
+                out.leftovers
+                    .extend(headers[..i].iter().map(|h| h.3.clone()));
+            }
             &headers[i..]
         }
         None => &headers[..],
@@ -252,8 +273,6 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         warn!(file = %path.display(), "{why}; skipped (--salvage)");
         out.skipped += first - start;
     }
-    // The newest file replayed, and where its records end.
-    let mut ends: Option<(PathBuf, u64)> = None;
     for (i, (number, first, version, path)) in replay.iter().enumerate() {
         if i > 0 {
             let before = replay[i - 1].0;
@@ -298,9 +317,6 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
             &mut out,
             &mut buf,
         )?;
-        if newest {
-            ends = Some((path.clone(), used));
-        }
         // A file of an older format is read, never appended to: the next
         // records begin a new file.
         if newest && *version == VERSION {
@@ -339,26 +355,21 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         out.next_seq = start;
         out.current = None;
     }
-    let recovered = out.next_seq - 1;
-    if listing.synced > recovered {
-        // Records known synced are gone: never what a crash leaves (it
-        // tears only what was not synced), and what was taken for a torn
-        // tail or files before the snapshot may be where they were.
-        let (path, offset) = ends.unwrap_or_else(|| (listing.dir.join(HEAD_FILE), 0));
-        let why = format!(
-            "the log ends at record {recovered}, but records up to {} were synced \
-             (the head file's synced mark)",
-            listing.synced
-        );
-        if !salvage {
-            return Err(damage(&path, offset as usize, &why));
-        }
-        warn!(file = %path.display(), "{why}; going on without them (--salvage)");
-        out.skipped += listing.synced - recovered;
-        out.salvaged = true;
-        out.current = None;
-    }
     Ok(out)
+}
+
+/// The first valid record numbered `start` or higher in log file `path`,
+/// if any (read up to its first bad or missing record).
+fn first_record_from(path: &Path, version: u32, start: u64) -> Result<Option<u64>, String> {
+    let data = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut at = HEADER as usize;
+    while let Some(Ok(f)) = data.get(at..).map(|rest| decode(rest, version)) {
+        if f.seq >= start {
+            return Ok(Some(f.seq));
+        }
+        at += f.len;
+    }
+    Ok(None)
 }
 
 /// Checks the newest log file against the head file, which names the
