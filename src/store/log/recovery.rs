@@ -339,6 +339,26 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         // wholly after the damaged files, and they go with the rest.
         out.current = None;
     }
+    if out.next_seq < start && listing.synced >= out.next_seq {
+        // Not what a power cut leaves (records the head file's synced mark
+        // says were synced are gone): a damaged log, or a log file's header
+        // that says it begins long before the snapshot, its records lost.
+        let path = replay
+            .last()
+            .map_or_else(|| listing.dir.join(HEAD_FILE), |h| h.3.clone());
+        let why = format!(
+            "the log ends at record {}, before the snapshot begins (record {start}), \
+             though records up to {} were synced",
+            out.next_seq - 1,
+            listing.synced
+        );
+        if !salvage {
+            return Err(damage(&path, 0, &why));
+        }
+        warn!(file = %path.display(), "{why}; going on with the snapshot (--salvage)");
+        out.skipped += listing.synced.min(start - 1) + 1 - out.next_seq;
+        out.salvaged = true;
+    }
     if out.next_seq < start {
         // The log ends before the snapshot begins: the records in between
         // never reached the disk (the server stopped after the snapshot was
