@@ -129,10 +129,10 @@ async fn export_first_page(c: &mut crate::common::Client) -> Vec<serde_json::Val
         .collect()
 }
 
-/// Tubes watched for the list: a quarter on Redis, where the debug build
-/// reads a list of 20,000 names from Redis in about the time a call is
-/// given on a loaded machine (CI once answered `INTERNAL_ERROR`), a tenth
-/// on a Redis Cluster, as above.
+/// Tubes watched for the list: a quarter on Redis, where a CI run once
+/// answered the reading client's listing of 20,000 `INTERNAL_ERROR` (the
+/// debug build on a loaded machine; the cause was not pinned down), a
+/// tenth on a Redis Cluster, as above.
 const LISTED: usize = 20_000;
 
 async fn a_list_of_tubes_to_clients_that_never_read_is_held_a_part_at_a_time(backend: Backend) {
