@@ -1,8 +1,8 @@
 //! Damage: a torn last record at every byte offset, a flipped byte and a
 //! zeroed record in the middle of a log file (refused, then salvaged, also
 //! in a record whose own group was written unsynced), a
-//! hole that was never synced (a torn tail), and a second process on one
-//! directory.
+//! hole that was never synced (a torn tail), ids lost from the end of the
+//! log never handed out again, and a second process on one directory.
 
 use std::path::Path;
 
@@ -327,6 +327,89 @@ async fn an_unsynced_hole_is_a_torn_tail_whose_rest_never_comes_back() {
         bodies_with(dir.path(), NEVER).await,
         ["job 0", "job 1", "job 9"],
         "jobs cut off as a torn tail came back after the next crash"
+    );
+}
+
+/// The ready jobs' count and the id the next put takes, on a server
+/// started on `dir`, which is then killed.
+async fn ready_and_next_id(dir: &Path) -> (u64, u64) {
+    let mut daemon = Daemon::durable(dir, SMALL).await;
+    let mut c = daemon.client().await;
+    let ready = c.stats().await.num("current-jobs-ready");
+    let id = c.put_ok(0, 0, 60, b"new").await;
+    daemon.kill();
+    (ready, id)
+}
+
+/// Acknowledged puts lost from the end of the log (cut off or zeroed after
+/// a SIGKILL, as a checker or a failing disk may; under -f a power cut
+/// does the same): their jobs are gone, but their ids, which clients may
+/// hold, are never handed out again, nor that of a put torn after a clean
+/// stop. After a clean stop the ids go on from the last one, and the start
+/// clears that, so a crash after it is not taken for a clean stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_lost_from_the_end_of_the_log_are_not_handed_out_again() {
+    const N: usize = 10;
+    let (dir, log) = jobs_then_kill(N).await;
+    let file = std::fs::read(&log).unwrap();
+    let records = frames(&file);
+    assert_eq!(records.len(), N, "one record a put");
+    let cut = records[N - 3].0;
+    let name = log.file_name().unwrap();
+    for how in ["truncated", "zeros"] {
+        let copy = copy_dir(dir.path());
+        let mut bytes = file.clone();
+        match how {
+            "truncated" => bytes.truncate(cut),
+            _ => bytes[cut..].fill(0),
+        }
+        std::fs::write(copy.path().join(name), &bytes).unwrap();
+        let (ready, id) = ready_and_next_id(copy.path()).await;
+        assert_eq!(ready, N as u64 - 3, "{how}");
+        assert!(
+            id > N as u64,
+            "{how}: a lost job's id {id} was handed out again"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), SMALL).await;
+    let mut c = daemon.client().await;
+    for k in 0..3 {
+        assert_eq!(
+            c.put_ok(0, 0, 60, format!("job {k}").as_bytes()).await,
+            k + 1
+        );
+    }
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait_exit().success());
+    // A tail torn after the clean stop is cut off all the same, and it may
+    // have held a put: its id is not handed out again either.
+    let copy = copy_dir(dir.path());
+    let log = log_files(copy.path()).pop().expect("a log file");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let &(_, end) = frames(&bytes).last().expect("records");
+    bytes[end - 1] ^= 0xff;
+    std::fs::write(&log, &bytes).unwrap();
+    let (ready, id) = ready_and_next_id(copy.path()).await;
+    assert_eq!(ready, 2);
+    assert!(id > 3, "the torn put's id {id} was handed out again");
+    let (ready, id) = ready_and_next_id(dir.path()).await;
+    assert_eq!(
+        (ready, id),
+        (3, 4),
+        "after a clean stop, ids go on from the last"
+    );
+    let log = log_files(dir.path()).pop().expect("a log file");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let &(start, _) = frames(&bytes).last().expect("records");
+    bytes[start..].fill(0);
+    std::fs::write(&log, &bytes).unwrap();
+    let (ready, again) = ready_and_next_id(dir.path()).await;
+    assert_eq!(ready, 3);
+    assert!(
+        again > id,
+        "the killed run was taken for a clean stop: id {again} again"
     );
 }
 

@@ -115,6 +115,9 @@ pub struct Listing {
     /// The highest record the head file says was synced (0: it says
     /// none, or there is no head file).
     pub synced: u64,
+    /// The head file says the last run stopped cleanly, every change it
+    /// took in the log (see [`SYNCED_AT`]).
+    pub stopped: bool,
 }
 
 /// Lists `dir`, removing leftover `*.tmp` files.
@@ -143,7 +146,7 @@ pub fn list(dir: &Path) -> io::Result<Listing> {
             listing.spares.push(path);
         } else if name == HEAD_FILE {
             listing.head = Some(read_head(&path));
-            listing.synced = read_synced(&path);
+            (listing.synced, listing.stopped) = read_synced(&path);
         }
     }
     listing.logs.sort();
@@ -275,32 +278,47 @@ fn encode_head(head: &Head, generation: u64) -> [u8; HEAD_LEN] {
 /// stop: a bad record among them is damage, not a torn tail. In the first
 /// sector, between the two copies: a write of it rewrites the first copy
 /// with its own bytes.
+///
+/// Written by a clean stop, once everything taken was synced, the mark
+/// says so too (its magic is [`STOPPED_MAGIC`]), and the start after
+/// clears it, synced, before the first change. A start that does not find
+/// it cannot tell what the log lost from its end (a power cut under -f or
+/// -F, a torn tail, a file cut short), so it numbers new jobs past every
+/// id the newest file could have held.
 const SYNCED_AT: u64 = 256;
 const SYNCED_MAGIC: &[u8; 8] = b"DELAYQSY";
+const STOPPED_MAGIC: &[u8; 8] = b"DELAYQST";
 const SYNCED_LEN: usize = 20;
 
-fn encode_synced(seq: u64) -> [u8; SYNCED_LEN] {
+fn encode_synced(seq: u64, stopped: bool) -> [u8; SYNCED_LEN] {
     let mut b = [0u8; SYNCED_LEN];
-    b[..8].copy_from_slice(SYNCED_MAGIC);
+    b[..8].copy_from_slice(if stopped { STOPPED_MAGIC } else { SYNCED_MAGIC });
     b[8..16].copy_from_slice(&seq.to_le_bytes());
     let crc = crc32c::crc32c(&b[..16]);
     b[16..].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
-/// The synced mark of a head file; 0 if it has none or it is not whole
-/// (heads written before 2026-12-07 have none).
-fn read_synced(path: &Path) -> u64 {
-    let Ok(data) = fs::read(path) else { return 0 };
+/// The synced mark of a head file, and whether a clean stop wrote it; 0
+/// and not stopped if it has none or it is not whole (heads written before
+/// 2026-12-07 have none, and none before 2026-12-08 says stopped).
+fn read_synced(path: &Path) -> (u64, bool) {
+    let Ok(data) = fs::read(path) else {
+        return (0, false);
+    };
     let at = SYNCED_AT as usize;
     let Some(b) = data.get(at..at + SYNCED_LEN) else {
-        return 0;
+        return (0, false);
     };
     let crc = u32::from_le_bytes(b[16..].try_into().expect("4 bytes"));
-    if &b[..8] != SYNCED_MAGIC || crc != crc32c::crc32c(&b[..16]) {
-        return 0;
+    let stopped = &b[..8] == STOPPED_MAGIC;
+    if !(stopped || &b[..8] == SYNCED_MAGIC) || crc != crc32c::crc32c(&b[..16]) {
+        return (0, false);
     }
-    u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"))
+    (
+        u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        stopped,
+    )
 }
 
 /// The checksum of a head copy: its version and everything after the
@@ -401,11 +419,20 @@ impl HeadFile {
     /// Sets the synced mark to `seq` (see [`SYNCED_AT`]); synced only if
     /// `sync`.
     pub fn mark_synced(&mut self, seq: u64, sync: bool) -> io::Result<()> {
-        self.file.write_all_at(&encode_synced(seq), SYNCED_AT)?;
+        self.file
+            .write_all_at(&encode_synced(seq, false), SYNCED_AT)?;
         if sync {
             self.file.sync_data()?;
         }
         Ok(())
+    }
+
+    /// Sets the synced mark to `seq`, the last record, saying the server
+    /// stopped cleanly with every change it took synced; synced.
+    pub fn mark_stopped(&mut self, seq: u64) -> io::Result<()> {
+        self.file
+            .write_all_at(&encode_synced(seq, true), SYNCED_AT)?;
+        self.file.sync_data()
     }
 
     /// Says `head`, synced: written over the older copy.
@@ -541,23 +568,26 @@ mod tests {
         assert!(read_head(&path).is_err());
     }
 
-    /// The synced mark reads back, leaves both copies whole, and reads as
-    /// 0 (nothing known synced) when it is missing or damaged.
+    /// The synced mark reads back, with whether a clean stop wrote it,
+    /// leaves both copies whole, and reads as 0 (nothing known synced, no
+    /// clean stop) when it is missing or damaged.
     #[test]
     fn the_synced_mark_reads_back_and_a_damaged_one_says_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(HEAD_FILE);
         let mut file = HeadFile::create(dir.path(), &head(1)).unwrap();
-        assert_eq!(read_synced(&path), 0, "a new head has no mark");
+        assert_eq!(read_synced(&path), (0, false), "a new head has no mark");
         file.write(&head(2)).unwrap();
         file.mark_synced(41, false).unwrap();
         file.mark_synced(42, true).unwrap();
-        assert_eq!(read_synced(&path), 42);
+        assert_eq!(read_synced(&path), (42, false));
+        file.mark_stopped(43).unwrap();
+        assert_eq!(read_synced(&path), (43, true));
         assert_eq!(read_head(&path), Ok((head(2), 2)));
         let mut bytes = fs::read(&path).unwrap();
         bytes[SYNCED_AT as usize + 9] ^= 1;
         fs::write(&path, &bytes).unwrap();
-        assert_eq!(read_synced(&path), 0);
+        assert_eq!(read_synced(&path), (0, false));
         assert_eq!(read_head(&path), Ok((head(2), 2)));
     }
 

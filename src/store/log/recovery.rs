@@ -23,6 +23,9 @@
 //!   file below it means the newest files are missing, which the series
 //!   alone cannot show. With `salvage` the start goes on, and the server
 //!   ids go on past any the lost files could have handed out.
+//! * server ids go on past any that lost records could have handed out:
+//!   records skipped, a tail cut off, and after a run that did not stop
+//!   cleanly, whatever the rest of the newest file had room for.
 //!
 //! A body is only ever served from a record whose checksum matched.
 
@@ -63,6 +66,10 @@ pub struct Recovered {
     /// Files whose damaged rest was skipped (only with salvage): how many
     /// records it held cannot be told, so `skipped` does not count them.
     pub rests_skipped: u64,
+    /// The bytes of those rests.
+    pub bytes_skipped: u64,
+    /// A torn tail was cut off the newest log file.
+    pub tail_cut: bool,
     /// Log files wholly before the snapshot, and older snapshots, left by
     /// a compaction cut short: needless, to be removed once the start has
     /// succeeded.
@@ -136,6 +143,8 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         records: 0,
         skipped: 0,
         rests_skipped: 0,
+        bytes_skipped: 0,
+        tail_cut: false,
         leftovers: Vec::new(),
         damaged: Vec::new(),
         head_lowered: false,
@@ -234,6 +243,9 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         out.damaged.push(path.clone());
         headers.remove(i);
     };
+    // Bytes of the newest log file after its last valid record, as large
+    // as the file was made (a file cut short may have held more).
+    let mut newest_rest = 0;
     let replay = match from {
         Some(i) => {
             // Taken at the word of the header of the file after them: a
@@ -300,6 +312,11 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         }
         out.files.insert(*number, *first);
         let newest = i + 1 == replay.len();
+        let size = |used: u64| {
+            let len = fs::metadata(path).map_or(0, |m| m.len());
+            let written_with = head.map_or(0, |h| h.file_size);
+            len.max(written_with).saturating_sub(used)
+        };
         let next_first = replay.get(i + 1).map(|&(_, first, _, _)| first);
         // Only the newest two files can hold records written after their
         // last sync: a log file is synced before the next one begins.
@@ -317,6 +334,9 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
             &mut out,
             &mut buf,
         )?;
+        if newest {
+            newest_rest = size(used);
+        }
         // A file of an older format is read, never appended to: the next
         // records begin a new file.
         if newest && *version == VERSION {
@@ -374,6 +394,31 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         );
         out.next_seq = start;
         out.current = None;
+    }
+    // Puts the log lost may have handed out server ids that clients hold,
+    // where a `delete` of one must not find a new job: new jobs are
+    // numbered past all of them. Each record skipped held at most one put,
+    // and each `MIN_PUT` bytes skipped unread, or cut off as a torn tail.
+    // If the last run did not stop cleanly, the newest file may also have
+    // lost records from its end without a trace: under -f or -F a power
+    // cut takes changes already answered, and a truncated or zeroed tail
+    // whatever it held.
+    let mut lost_puts = out.skipped + out.bytes_skipped / MIN_PUT;
+    if !listing.stopped || out.tail_cut {
+        lost_puts += newest_rest / MIN_PUT;
+    }
+    if lost_puts > 0 {
+        let next_key = state.next_key().saturating_add(lost_puts);
+        info!(
+            next_id = next_key,
+            stopped_cleanly = listing.stopped,
+            "new server ids go on past any that the records the log may have \
+             lost could have handed out"
+        );
+        state.apply(Record::Sequences {
+            next_key,
+            bury_seq: 0,
+        });
     }
     Ok(out)
 }
@@ -553,6 +598,7 @@ fn replay_file(
                  everything before it is served"
             );
             zero_from(path, at as u64, data.len() as u64)?;
+            out.tail_cut = true;
             return Ok(at as u64);
         }
         if !salvage {
@@ -573,6 +619,7 @@ fn replay_file(
                     "skipped the damaged rest of a log file (--salvage); how many \
                      records it held cannot be told");
                 out.rests_skipped += 1;
+                out.bytes_skipped += (data.len() - at) as u64;
                 return Ok(data.len() as u64);
             }
         }
@@ -674,6 +721,7 @@ fn load_snapshot(
                     "skipped the damaged rest of a snapshot (--salvage); how many \
                      records it held cannot be told");
                 out.rests_skipped += 1;
+                out.bytes_skipped += (data.len() - at) as u64;
                 return Ok(data.len() as u64);
             }
         }

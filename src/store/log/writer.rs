@@ -589,7 +589,15 @@ pub fn run(shared: Arc<Shared>) {
             last_sync = Instant::now();
         }
         if stopping && !unsynced(&shared) && shared.lock().chunks.is_empty() {
-            mark_synced(&shared, shared.marks.borrow().synced, true);
+            // Every change taken is synced: the next start may number new
+            // jobs from the last one found (see `files::SYNCED_AT`).
+            let synced = shared.marks.borrow().synced;
+            let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(file) = head.as_mut()
+                && let Err(e) = file.mark_stopped(synced)
+            {
+                warn!(error = %e, "cannot write the head file's mark of a clean stop");
+            }
             return;
         }
     }

@@ -327,6 +327,12 @@ impl State {
         None
     }
 
+    /// The server id the next put takes: recovery raises it past the ids
+    /// a log cut short may have handed out.
+    pub fn next_key(&self) -> u64 {
+        self.next_key
+    }
+
     /// Hands `out` what a snapshot ends with: the tubes' pauses and the
     /// sequences.
     pub fn dump_rest(&self, out: &mut impl FnMut(Record<'_>)) {
