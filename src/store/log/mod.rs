@@ -331,6 +331,15 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
         warn!(dir = %dir.display(), error = %e, "cannot write the head file's synced mark");
         head_file = None;
     }
+    if listing.stopped && head_file.is_none() {
+        // Left saying the last run stopped cleanly, the head would let the
+        // start after a crash of this run number new jobs from the end of
+        // a log that may have lost puts (see `files::SYNCED_AT`).
+        return Err(format!(
+            "cannot clear the clean stop's mark in the head file in {}",
+            dir.display()
+        ));
+    }
     info!(
         dir = %dir.display(), jobs = live_jobs, records = got.records,
         skipped = got.skipped, damaged_rests_skipped = got.rests_skipped,
