@@ -344,7 +344,7 @@ async fn ready_and_next_id(dir: &Path) -> (u64, u64) {
 /// Acknowledged puts lost from the end of the log (cut off or zeroed after
 /// a SIGKILL, as a checker or a failing disk may; under -f a power cut
 /// does the same): their jobs are gone, but their ids, which clients may
-/// hold, are never handed out again, nor that of a put torn after a clean
+/// hold, are never handed out again, nor that of a put lost after a clean
 /// stop. After a clean stop the ids go on from the last one, and the start
 /// clears that, so a crash after it is not taken for a clean stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,12 +356,15 @@ async fn ids_lost_from_the_end_of_the_log_are_not_handed_out_again() {
     assert_eq!(records.len(), N, "one record a put");
     let cut = records[N - 3].0;
     let name = log.file_name().unwrap();
-    for how in ["truncated", "zeros"] {
+    for how in ["truncated", "zeros", "truncated, the head file gone"] {
         let copy = copy_dir(dir.path());
         let mut bytes = file.clone();
         match how {
-            "truncated" => bytes.truncate(cut),
-            _ => bytes[cut..].fill(0),
+            "zeros" => bytes[cut..].fill(0),
+            _ => bytes.truncate(cut),
+        }
+        if how.ends_with("gone") {
+            std::fs::remove_file(copy.path().join("head")).unwrap();
         }
         std::fs::write(copy.path().join(name), &bytes).unwrap();
         let (ready, id) = ready_and_next_id(copy.path()).await;
@@ -383,17 +386,23 @@ async fn ids_lost_from_the_end_of_the_log_are_not_handed_out_again() {
     }
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait_exit().success());
-    // A tail torn after the clean stop is cut off all the same, and it may
-    // have held a put: its id is not handed out again either.
-    let copy = copy_dir(dir.path());
-    let log = log_files(copy.path()).pop().expect("a log file");
-    let mut bytes = std::fs::read(&log).unwrap();
-    let &(_, end) = frames(&bytes).last().expect("records");
-    bytes[end - 1] ^= 0xff;
-    std::fs::write(&log, &bytes).unwrap();
-    let (ready, id) = ready_and_next_id(copy.path()).await;
-    assert_eq!(ready, 2);
-    assert!(id > 3, "the torn put's id {id} was handed out again");
+    // A tail torn, cut or zeroed after the clean stop is cut off all the
+    // same, and it may have held a put: its id is not handed out again.
+    for how in ["torn", "truncated", "zeros"] {
+        let copy = copy_dir(dir.path());
+        let log = log_files(copy.path()).pop().expect("a log file");
+        let mut bytes = std::fs::read(&log).unwrap();
+        let &(start, end) = frames(&bytes).last().expect("records");
+        match how {
+            "torn" => bytes[end - 1] ^= 0xff,
+            "truncated" => bytes.truncate(start),
+            _ => bytes[start..].fill(0),
+        }
+        std::fs::write(&log, &bytes).unwrap();
+        let (ready, id) = ready_and_next_id(copy.path()).await;
+        assert_eq!(ready, 2, "{how}");
+        assert!(id > 3, "{how}: the lost put's id {id} was handed out again");
+    }
     let (ready, id) = ready_and_next_id(dir.path()).await;
     assert_eq!(
         (ready, id),

@@ -216,7 +216,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
     let mut state = State::new();
     state.begin_replay();
     let started = std::time::Instant::now();
-    let got = recovery::recover(&listing, &mut state, options.salvage)?;
+    let got = recovery::recover(&listing, &mut state, options.salvage, file_size)?;
     state.replayed(clock.now());
     // Recovery's buffers are freed; hand the memory back to the system, so
     // a restarted server holds no more than the one it replaced.

@@ -132,7 +132,14 @@ fn synced_after(data: &[u8], version: u32, from: usize, seq: u64) -> bool {
 }
 
 /// Replays the snapshot and log files of `listing` into `state`.
-pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Recovered, String> {
+/// `file_size` is the size new log files are made with: the newest file
+/// may have been as large, should the head file not say.
+pub fn recover(
+    listing: &Listing,
+    state: &mut State,
+    salvage: bool,
+    file_size: u64,
+) -> Result<Recovered, String> {
     let mut out = Recovered {
         next_seq: 1,
         log_end: 1,
@@ -314,7 +321,7 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
         let newest = i + 1 == replay.len();
         let size = |used: u64| {
             let len = fs::metadata(path).map_or(0, |m| m.len());
-            let written_with = head.map_or(0, |h| h.file_size);
+            let written_with = head.map_or(file_size, |h| h.file_size.max(file_size));
             len.max(written_with).saturating_sub(used)
         };
         let next_first = replay.get(i + 1).map(|&(_, first, _, _)| first);
@@ -403,7 +410,10 @@ pub fn recover(listing: &Listing, state: &mut State, salvage: bool) -> Result<Re
     // lost records from its end without a trace: under -f or -F a power
     // cut takes changes already answered, and a truncated or zeroed tail
     // whatever it held.
-    let mut lost_puts = out.skipped + out.bytes_skipped / MIN_PUT;
+    // So did each record the head file's synced mark says was synced and
+    // the log no longer holds (cut or zeroed from its end since).
+    let mut lost_puts =
+        out.skipped + out.bytes_skipped / MIN_PUT + listing.synced.saturating_sub(out.log_end - 1);
     if !listing.stopped || out.tail_cut {
         lost_puts += newest_rest / MIN_PUT;
     }
