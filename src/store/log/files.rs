@@ -301,7 +301,8 @@ fn encode_synced(seq: u64, stopped: bool) -> [u8; SYNCED_LEN] {
 
 /// The synced mark of a head file, and whether a clean stop wrote it; 0
 /// and not stopped if it has none or it is not whole (heads written before
-/// 2026-12-07 have none, and none before 2026-12-08 says stopped).
+/// 2026-12-07 have none, and builds before the clean stop's mark never
+/// say stopped: a start after an upgrade numbers past the newest file).
 fn read_synced(path: &Path) -> (u64, bool) {
     let Ok(data) = fs::read(path) else {
         return (0, false);

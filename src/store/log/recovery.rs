@@ -319,11 +319,6 @@ pub fn recover(
         }
         out.files.insert(*number, *first);
         let newest = i + 1 == replay.len();
-        let size = |used: u64| {
-            let len = fs::metadata(path).map_or(0, |m| m.len());
-            let written_with = head.map_or(file_size, |h| h.file_size.max(file_size));
-            len.max(written_with).saturating_sub(used)
-        };
         let next_first = replay.get(i + 1).map(|&(_, first, _, _)| first);
         // Only the newest two files can hold records written after their
         // last sync: a log file is synced before the next one begins.
@@ -342,7 +337,9 @@ pub fn recover(
             &mut buf,
         )?;
         if newest {
-            newest_rest = size(used);
+            let len = fs::metadata(path).map_or(0, |m| m.len());
+            let made = head.map_or(file_size, |h| h.file_size).max(file_size);
+            newest_rest = len.max(made).saturating_sub(used);
         }
         // A file of an older format is read, never appended to: the next
         // records begin a new file.
@@ -406,12 +403,12 @@ pub fn recover(
     // where a `delete` of one must not find a new job: new jobs are
     // numbered past all of them. Each record skipped held at most one put,
     // and each `MIN_PUT` bytes skipped unread, or cut off as a torn tail.
-    // If the last run did not stop cleanly, the newest file may also have
-    // lost records from its end without a trace: under -f or -F a power
-    // cut takes changes already answered, and a truncated or zeroed tail
-    // whatever it held.
     // So did each record the head file's synced mark says was synced and
-    // the log no longer holds (cut or zeroed from its end since).
+    // the log no longer holds (cut or zeroed from its end since). If the
+    // last run did not stop cleanly, the newest file may also have lost
+    // records from its end without a trace: under -f or -F a power cut
+    // takes changes already answered, and a truncated or zeroed tail
+    // whatever it held.
     let mut lost_puts =
         out.skipped + out.bytes_skipped / MIN_PUT + listing.synced.saturating_sub(out.log_end - 1);
     if !listing.stopped || out.tail_cut {
