@@ -422,6 +422,41 @@ async fn ids_lost_from_the_end_of_the_log_are_not_handed_out_again() {
     );
 }
 
+/// A server id an import kept, far past the sequence, is not handed out
+/// again when the import's record is lost from the end of the log: the
+/// head file says it before the record is synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_an_import_kept_is_not_handed_out_again_when_its_record_is_lost() {
+    const KEPT: u64 = 1_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::durable(dir.path(), SMALL).await;
+    let mut c = daemon.client().await;
+    for k in 0..3 {
+        c.put_ok(0, 0, 60, format!("job {k}").as_bytes()).await;
+    }
+    let line = format!(
+        r#"{{"id":{KEPT},"tube":"default","state":"ready","pri":1,"created":"2026-01-01T00:00:00Z","ttr-ms":60000,"body":"imported"}}"#
+    );
+    let reply = c.cmd(&format!("import {}\r\n{line}", line.len())).await;
+    assert_eq!(reply, format!("IMPORTED {KEPT}"));
+    daemon.kill();
+    let log = log_files(dir.path()).pop().expect("a log file");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let &(start, end) = frames(&bytes).last().expect("records");
+    assert!(
+        bytes[start..end].windows(8).any(|w| w == b"imported"),
+        "the import is the last record"
+    );
+    bytes.truncate(start);
+    std::fs::write(&log, &bytes).unwrap();
+    let (ready, id) = ready_and_next_id(dir.path()).await;
+    assert_eq!(ready, 3);
+    assert!(
+        id > KEPT,
+        "the imported job's id {KEPT} may come again: {id}"
+    );
+}
+
 /// One process per directory: a second exits at once with a clear error,
 /// and the first serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,6 +164,20 @@ impl<'a> Appender<'a> {
         b.used += len;
         b.appended += len;
         if let (Class::Put, Record::Job(job)) = (class, record) {
+            if job.meta.key > b.next_key {
+                // An import that kept a server id beyond the sequence. Should
+                // its record be lost from the end of the log, a start would
+                // number from where the records left end, and past at most
+                // one id a put record's room (see `recovery`): far short of
+                // this id, which the importer holds. So the head file says
+                // so before the record is synced.
+                let chunk = b.chunks.last_mut().expect("a chunk for this file");
+                chunk.head = Some(Head {
+                    number: b.number,
+                    next_key: job.meta.key + 1,
+                    file_size: size,
+                });
+            }
             b.next_key = b.next_key.max(job.meta.key + 1);
             b.live_jobs += 1;
             b.live_bytes += weight(job) as u64;

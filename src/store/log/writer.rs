@@ -132,7 +132,8 @@ pub(super) struct Chunk {
     pub bytes: Vec<u8>,
     /// The spare that becomes this log file (the chunk starts its header).
     pub opens: Option<Spare>,
-    /// What the head file says once it has (with `opens`).
+    /// What the head file says once it has (with `opens`), or once its
+    /// records are written (a server id an import kept: see `append`).
     pub head: Option<Head>,
 }
 
@@ -669,9 +670,18 @@ fn write(
     let mut opened = None;
     for mut chunk in chunks {
         match chunk.opens.take() {
-            None => current
-                .write_all_at(&chunk.bytes, chunk.offset)
-                .map_err(|e| ("write", e))?,
+            None => {
+                current
+                    .write_all_at(&chunk.bytes, chunk.offset)
+                    .map_err(|e| ("write", e))?;
+                // Raised past a server id an import kept (see `append`).
+                if let Some(says) = chunk.head {
+                    let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(file) = head.as_mut() {
+                        file.write(&says).map_err(|e| ("head file write", e))?;
+                    }
+                }
+            }
             Some(spare) => {
                 current.sync_data().map_err(|e| ("fdatasync", e))?;
                 spare
