@@ -341,6 +341,16 @@ async fn ready_and_next_id(dir: &Path) -> (u64, u64) {
     (ready, id)
 }
 
+/// Changes the newest log file of `dir` with `change`, given its bytes and
+/// the bounds of its last record.
+fn change_last_record(dir: &Path, change: impl FnOnce(&mut Vec<u8>, usize, usize)) {
+    let log = log_files(dir).pop().expect("a log file");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let &(start, end) = frames(&bytes).last().expect("records");
+    change(&mut bytes, start, end);
+    std::fs::write(&log, &bytes).unwrap();
+}
+
 /// Acknowledged puts lost from the end of the log (cut off or zeroed after
 /// a SIGKILL, as a checker or a failing disk may; under -f a power cut
 /// does the same): their jobs are gone, but their ids, which clients may
@@ -390,15 +400,11 @@ async fn ids_lost_from_the_end_of_the_log_are_not_handed_out_again() {
     // same, and it may have held a put: its id is not handed out again.
     for how in ["torn", "truncated", "zeros"] {
         let copy = copy_dir(dir.path());
-        let log = log_files(copy.path()).pop().expect("a log file");
-        let mut bytes = std::fs::read(&log).unwrap();
-        let &(start, end) = frames(&bytes).last().expect("records");
-        match how {
+        change_last_record(copy.path(), |bytes, start, end| match how {
             "torn" => bytes[end - 1] ^= 0xff,
             "truncated" => bytes.truncate(start),
             _ => bytes[start..].fill(0),
-        }
-        std::fs::write(&log, &bytes).unwrap();
+        });
         let (ready, id) = ready_and_next_id(copy.path()).await;
         assert_eq!(ready, 2, "{how}");
         assert!(id > 3, "{how}: the lost put's id {id} was handed out again");
@@ -409,11 +415,7 @@ async fn ids_lost_from_the_end_of_the_log_are_not_handed_out_again() {
         (3, 4),
         "after a clean stop, ids go on from the last"
     );
-    let log = log_files(dir.path()).pop().expect("a log file");
-    let mut bytes = std::fs::read(&log).unwrap();
-    let &(start, _) = frames(&bytes).last().expect("records");
-    bytes[start..].fill(0);
-    std::fs::write(&log, &bytes).unwrap();
+    change_last_record(dir.path(), |bytes, start, _| bytes[start..].fill(0));
     let (ready, again) = ready_and_next_id(dir.path()).await;
     assert_eq!(ready, 3);
     assert!(
@@ -440,15 +442,13 @@ async fn an_id_an_import_kept_is_not_handed_out_again_when_its_record_is_lost() 
     let reply = c.cmd(&format!("import {}\r\n{line}", line.len())).await;
     assert_eq!(reply, format!("IMPORTED {KEPT}"));
     daemon.kill();
-    let log = log_files(dir.path()).pop().expect("a log file");
-    let mut bytes = std::fs::read(&log).unwrap();
-    let &(start, end) = frames(&bytes).last().expect("records");
-    assert!(
-        bytes[start..end].windows(8).any(|w| w == b"imported"),
-        "the import is the last record"
-    );
-    bytes.truncate(start);
-    std::fs::write(&log, &bytes).unwrap();
+    change_last_record(dir.path(), |bytes, start, end| {
+        assert!(
+            bytes[start..end].windows(8).any(|w| w == b"imported"),
+            "the import is the last record"
+        );
+        bytes.truncate(start);
+    });
     let (ready, id) = ready_and_next_id(dir.path()).await;
     assert_eq!(ready, 3);
     assert!(
