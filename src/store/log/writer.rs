@@ -592,13 +592,7 @@ pub fn run(shared: Arc<Shared>) {
         if stopping && !unsynced(&shared) && shared.lock().chunks.is_empty() {
             // Every change taken is synced: the next start may number new
             // jobs from the last one found (see `files::SYNCED_AT`).
-            let synced = shared.marks.borrow().synced;
-            let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(file) = head.as_mut()
-                && let Err(e) = file.mark_stopped(synced)
-            {
-                warn!(error = %e, "cannot write the head file's mark of a clean stop");
-            }
+            mark_synced(&shared, shared.marks.borrow().synced, true);
             return;
         }
     }
@@ -607,14 +601,21 @@ pub fn run(shared: Arc<Shared>) {
 /// How long the writer is idle before it writes the synced mark.
 const MARK_AFTER: Duration = Duration::from_millis(1);
 
-/// Sets the head file's synced mark to `synced`. A failure only leaves the
-/// mark lower than it could be, which recovery reads as less known.
-fn mark_synced(shared: &Shared, synced: u64, sync: bool) {
+/// Sets the head file's synced mark to `synced`; if `stopped`, synced and
+/// saying the server stopped cleanly. A failure only leaves the mark lower
+/// than it could be, or the clean stop unsaid, which recovery reads as
+/// less known.
+fn mark_synced(shared: &Shared, synced: u64, stopped: bool) {
     let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(file) = head.as_mut()
-        && let Err(e) = file.mark_synced(synced, sync)
-    {
-        warn!(error = %e, "cannot write the head file's synced mark");
+    if let Some(file) = head.as_mut() {
+        let written = if stopped {
+            file.mark_stopped(synced)
+        } else {
+            file.mark_synced(synced, false)
+        };
+        if let Err(e) = written {
+            warn!(error = %e, "cannot write the head file's synced mark");
+        }
     }
 }
 
