@@ -114,6 +114,7 @@ impl<'a> Appender<'a> {
                 number: b.number,
                 offset: 0,
                 bytes,
+                first: b.next_seq,
                 opens: Some(spare),
                 head: Some(Head {
                     number: b.number,
@@ -143,6 +144,7 @@ impl<'a> Appender<'a> {
                 number: b.number,
                 offset: b.used,
                 bytes,
+                first: b.next_seq,
                 opens: None,
                 head: None,
             });

@@ -130,6 +130,9 @@ pub(super) struct Chunk {
     pub number: u64,
     pub offset: u64,
     pub bytes: Vec<u8>,
+    /// The number of its first record (the next record's, when it was
+    /// begun).
+    pub first: u64,
     /// The spare that becomes this log file (the chunk starts its header).
     pub opens: Option<Spare>,
     /// What the head file says once it has (with `opens`), or once its
@@ -383,6 +386,13 @@ impl Shared {
             return Err(());
         }
         self.sync_times.observe(start.elapsed());
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.publish_synced(number, &handle, upto)
+    }
+
+    /// Says that every record up to `upto` is synced, now that a sync of
+    /// log file `number` (`handle`), the file they end in, is over.
+    fn publish_synced(&self, number: u64, handle: &File, upto: u64) -> Result<(), ()> {
         // A log file removed under a running server (its directory
         // deleted, say) takes writes and syncs as before, but nothing in it
         // would survive a restart: no change written to it may be answered
@@ -395,8 +405,12 @@ impl Shared {
             self.removed();
             return Err(());
         }
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.synced.store(upto, Ordering::Release);
+        // Nor is anything answered once the log has failed (the file
+        // before a new one was found removed, say).
+        if self.marks.borrow().failed.is_some() {
+            return Err(());
+        }
+        self.synced.fetch_max(upto, Ordering::Release);
         self.marks.send_modify(|m| m.synced = m.synced.max(upto));
         Ok(())
     }
@@ -685,6 +699,14 @@ fn write(
             }
             Some(spare) => {
                 current.sync_data().map_err(|e| ("fdatasync", e))?;
+                // The records before this file are safe now: their replies
+                // need not wait for the three syncs that name the new file.
+                // (If the old file was removed, the log has failed, and
+                // nothing more is answered.)
+                let before = chunk.first - 1;
+                if shared.synced.load(Ordering::Acquire) < before {
+                    let _ = shared.publish_synced(chunk.number - 1, current, before);
+                }
                 spare
                     .file
                     .write_all_at(&chunk.bytes, chunk.offset)
@@ -763,5 +785,63 @@ mod tests {
             assert_eq!(marks.failed.is_some(), kept, "kept: {kept}");
             assert_eq!(marks.synced, if kept { 0 } else { 1 }, "kept: {kept}");
         }
+    }
+
+    /// Queues records 1 and 2 at the start of log file 1, and record 3
+    /// opening log file 2 in a spare; `gone` removes the spare's name
+    /// (its rename then fails) or log file 1's.
+    fn begin_with(dir: &std::path::Path, gone: &str) -> Shared {
+        let shared = log_in(dir, true);
+        let path = dir.join("spare.1");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        {
+            let mut b = shared.lock();
+            b.next_seq = 4;
+            let chunk = |number, first, opens| Chunk {
+                number,
+                offset: 0,
+                bytes: b"records".to_vec(),
+                first,
+                opens,
+                head: None,
+            };
+            b.chunks.push(chunk(1, 1, None));
+            b.chunks.push(chunk(2, 3, Some(Spare { path, file })));
+        }
+        fs::remove_file(dir.join(gone)).unwrap();
+        shared
+    }
+
+    /// Beginning a new log file takes three syncs after the old file's;
+    /// the records in the old file are answered as safe once it is synced,
+    /// not after those, nor never if the new file cannot be begun.
+    #[test]
+    fn records_before_a_new_log_file_are_safe_once_the_old_file_is_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = begin_with(dir.path(), "spare.1");
+        assert!(!shared.flush(), "the new file cannot be named");
+        let marks = shared.marks.borrow().clone();
+        assert!(marks.failed.is_some_and(|why| why.contains("rename")));
+        assert_eq!(marks.synced, 2);
+    }
+
+    /// But not if the old file was removed from the directory meanwhile:
+    /// then nothing written to it is answered as safe, even once the new
+    /// file is synced.
+    #[test]
+    fn records_in_a_log_file_removed_before_a_new_one_began_are_not_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = begin_with(dir.path(), &format!("log.{:016x}", 1));
+        assert!(shared.flush());
+        assert!(shared.sync().is_err());
+        let marks = shared.marks.borrow().clone();
+        assert!(marks.failed.is_some_and(|why| why.contains("removed")));
+        assert_eq!(marks.synced, 0);
     }
 }
