@@ -39,6 +39,20 @@ async fn durable_killed_while_replies_wait_on_a_sync_loses_nothing() {
     );
 }
 
+/// The same with log files of 8 KiB (some 30 records each), so that kills
+/// land while new files
+/// begin: the replies of the records a begun file's group wrote to the old
+/// file leave once that file is synced, before the new file is named, and
+/// those of the new file's records only once it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn durable_with_small_files_killed_while_files_begin_loses_nothing() {
+    let kills = crate::scale(5, 20);
+    let keeper = Keeper::dir(&["-s", "8192"]);
+    let producers = Producers::flooding(4, 8);
+    let what = "durable, -s 8192, 4 producers flooding";
+    killed_and_restarted(keeper, what, kills, producers).await;
+}
+
 /// With `-f 50` a reply leaves once its record is written, before the sync:
 /// a SIGKILL of delayq (not of the host) still loses nothing, as written
 /// records are in the kernel's page cache, which outlives the process. (A
