@@ -40,10 +40,9 @@ async fn durable_killed_while_replies_wait_on_a_sync_loses_nothing() {
 }
 
 /// The same with log files of 8 KiB (some 30 records each), so that kills
-/// land while new files
-/// begin: the replies of the records a begun file's group wrote to the old
-/// file leave once that file is synced, before the new file is named, and
-/// those of the new file's records only once it is.
+/// land while new files begin: the replies of the records a begun file's
+/// group wrote to the old file leave once that file is synced, before the
+/// new file is named, and those of the new file's records only once it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn durable_with_small_files_killed_while_files_begin_loses_nothing() {
     let kills = crate::scale(5, 20);
