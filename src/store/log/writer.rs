@@ -700,7 +700,8 @@ fn write(
             Some(spare) => {
                 current.sync_data().map_err(|e| ("fdatasync", e))?;
                 // The records before this file are safe now: their replies
-                // need not wait for the three syncs that name the new file.
+                // need not wait for the three syncs that follow (the new
+                // file's, the directory's and the head file's).
                 // (If the old file was removed, the log has failed, and
                 // nothing more is answered.)
                 let before = chunk.first - 1;
