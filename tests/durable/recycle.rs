@@ -138,3 +138,57 @@ async fn recycled_log_files_come_back_after_sigkill() {
         daemon.kill();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_room_for_a_snapshot_is_left_alone_while_the_disk_has_room() {
+    // The room kept for a snapshot on a full disk is used only then: a
+    // snapshot written into it is cut to its own length (on a file system
+    // mounted with `discard`, a discard of the rest) and a new room is
+    // zero-filled after it, about a megabyte of work for the disk at every
+    // snapshot, in front of the log's syncs.
+    let dir = tempfile::tempdir().expect("a data directory");
+    let daemon = Daemon::durable(dir.path(), &["-s", "1048576"]).await;
+    let mut c = daemon.client().await;
+    let body = "y".repeat(1000);
+    let mut live = std::collections::VecDeque::new();
+    for _ in 0..20 {
+        live.push_back(c.put_ok(0, 3600, 60, body.as_bytes()).await);
+    }
+    let room = dir.path().join("snapshot-room");
+    let room_made = || std::fs::metadata(&room).and_then(|m| m.modified()).ok();
+    let snapshots = || crate::files_named(dir.path(), "snapshot.0");
+    let mut room_when_warm = None;
+    let mut seen_snapshots = std::collections::BTreeSet::new();
+    // About a thousand cycles fill a file: ten rounds of 100.
+    for round in 0..120 {
+        let put = format!("put 0 3600 60 {}\r\n{body}\r\n", body.len());
+        c.send(put.repeat(100).as_bytes()).await;
+        for _ in 0..100 {
+            let reply = c.line().await;
+            let id = reply
+                .strip_prefix("INSERTED ")
+                .unwrap_or_else(|| panic!("a put got {reply:?}"));
+            live.push_back(id.parse::<u64>().expect("an id"));
+        }
+        let deletes: String = live
+            .drain(..100)
+            .map(|id| format!("delete {id}\r\n"))
+            .collect();
+        c.send(deletes.as_bytes()).await;
+        for _ in 0..100 {
+            assert_eq!(c.line().await, "DELETED");
+        }
+        if round < 30 {
+            room_when_warm = room_made();
+        } else {
+            seen_snapshots.extend(snapshots());
+        }
+    }
+    assert!(
+        seen_snapshots.len() >= 4,
+        "too few snapshots taken to tell: {seen_snapshots:?}"
+    );
+    assert!(room_when_warm.is_some(), "no room kept for a snapshot");
+    assert_eq!(room_made(), room_when_warm, "the room was made again");
+    assert_eq!(c.stats().await.num("current-jobs-delayed"), 20);
+}

@@ -72,6 +72,9 @@ struct Keeper {
     compaction_failed: Option<(Instant, String, u64)>,
     /// The room kept for a snapshot, if it is prepared.
     room: Option<File>,
+    /// The last snapshot, written into a new file, failed: the next goes
+    /// into the room (the disk may have filled).
+    room_next: bool,
 }
 
 impl Keeper {
@@ -173,6 +176,7 @@ pub fn run(shared: Arc<Shared>, source: Arc<dyn Source>, next_spare: u64) {
         complained: None,
         compaction_failed: None,
         room,
+        room_next: false,
     };
     loop {
         let (want_spare, want_snapshot) = {
@@ -234,22 +238,29 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
     });
     let (start, appended_at_start, gone_at_start) = start;
     let tmp = shared.dir.join("snapshot.tmp");
-    // Into the room kept for it, if the live jobs fit with a margin (a
-    // snapshot's records are about as large as their put records): its
-    // blocks are allocated, so a full disk does not stop it. Else into a
-    // new file, and the room stays for a later one.
-    let fits = {
+    // Into the room kept for it when the disk may be full (a spare could
+    // not be prepared, or the last snapshot failed), if the live jobs fit
+    // with a margin (a snapshot's records are about as large as their put
+    // records): its blocks are allocated, so a full disk does not stop it.
+    // Else into a new file, and the room stays for a later one. Not the
+    // room every time: the snapshot ends where its records do, so the rest
+    // of the room was cut off (which a file system mounted with `discard`
+    // sends to the disk as a discard) and a new room zero-filled, about
+    // 1 MiB of work for the disk at every compaction, in front of the log's
+    // syncs; a new file costs only the snapshot's own bytes.
+    let use_room = {
         let b = shared.lock();
-        b.live_bytes + b.rest_bytes + (64 << 10) <= Keeper::room_size(shared)
+        (b.short_of_disk || keeper.room_next)
+            && b.live_bytes + b.rest_bytes + (64 << 10) <= Keeper::room_size(shared)
     };
     let file = match keeper.room.take() {
-        Some(room) if fits => {
+        Some(room) if use_room => {
             fs::rename(shared.dir.join(ROOM), &tmp)?;
             room
         }
         room => {
             keeper.room = room;
-            File::create(&tmp)?
+            File::create(&tmp).inspect_err(|_| keeper.room_next = true)?
         }
     };
     // A snapshot of many jobs takes a while, and the puts meanwhile may
@@ -270,9 +281,11 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
         Ok(done) => done,
         Err(e) => {
             let _ = fs::remove_file(&tmp);
+            keeper.room_next = !use_room;
             return Err(e);
         }
     };
+    keeper.room_next = false;
     // Every record before the start goes to the log files first (with -f
     // or -F some may still wait in memory): a file the snapshot frees is
     // then on disk under its name to be removed, not still a spare that a
