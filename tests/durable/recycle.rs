@@ -139,6 +139,77 @@ async fn recycled_log_files_come_back_after_sigkill() {
     }
 }
 
+/// The spares in `dir` made anew: a fresh spare is zeros to its end, a
+/// recycled one begins with its old life's log header.
+fn fresh_spares(dir: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
+    use std::io::Read;
+    crate::files_named(dir, "spare.")
+        .into_iter()
+        .filter(|f| {
+            let mut head = [0u8; 8];
+            std::fs::File::open(f).is_ok_and(|mut file| {
+                file.read_exact(&mut head).is_ok() && head.iter().all(|&b| b == 0)
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_queue_s_log_files_go_round_without_new_ones() {
+    // Every new file is zero-filled and synced, and every removed one is,
+    // on a file system mounted with `discard`, a discard sent to the disk:
+    // either holds up the log's syncs behind it. With a few live jobs and
+    // steady put/delete cycles, each begin's snapshot frees the file just
+    // ended, which comes back as a spare: once warm, no spare is made anew.
+    let dir = tempfile::tempdir().expect("a data directory");
+    let daemon = Daemon::durable(dir.path(), &["-s", "65536"]).await;
+    let mut c = daemon.client().await;
+    let mut live = std::collections::VecDeque::new();
+    for _ in 0..20 {
+        live.push_back(c.put_ok(0, 3600, 60, &[b'x'; 100]).await);
+    }
+    // About 340 cycles fill a file: 50 at a time, a begin every seven
+    // rounds or so.
+    let mut fresh_before = std::collections::BTreeSet::new();
+    let mut made = std::collections::BTreeSet::new();
+    let first_file = log_files(dir.path()).last().cloned();
+    for round in 0..300 {
+        let put = format!("put 0 3600 60 100\r\n{}\r\n", "y".repeat(100));
+        c.send(put.repeat(50).as_bytes()).await;
+        for _ in 0..50 {
+            let reply = c.line().await;
+            let id = reply
+                .strip_prefix("INSERTED ")
+                .unwrap_or_else(|| panic!("a put got {reply:?}"));
+            live.push_back(id.parse::<u64>().expect("an id"));
+        }
+        let deletes: String = live
+            .drain(..50)
+            .map(|id| format!("delete {id}\r\n"))
+            .collect();
+        c.send(deletes.as_bytes()).await;
+        for _ in 0..50 {
+            assert_eq!(c.line().await, "DELETED");
+        }
+        // Warm after a hundred rounds (about fifteen begins): a fresh
+        // spare made before then may still be waiting for its turn.
+        let fresh = fresh_spares(dir.path());
+        if round < 100 {
+            fresh_before.extend(fresh);
+        } else {
+            made.extend(fresh.difference(&fresh_before).cloned());
+        }
+    }
+    let begun = log_files(dir.path()).last().cloned();
+    assert_ne!(first_file, begun, "no log file began");
+    assert!(
+        made.is_empty(),
+        "spares made anew once warm, over rounds that began about thirty log \
+         files: {made:?}"
+    );
+    assert_eq!(c.stats().await.num("current-jobs-delayed"), 20);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_room_for_a_snapshot_is_left_alone_while_the_disk_has_room() {
     // The room kept for a snapshot on a full disk is used only then: a

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::append::spares_needed;
+use super::append::{spares_kept, spares_needed};
 use super::files::{HEADER, Kind, header, log_path, prepare_spare, snapshot_path};
 use super::record::{encode, encode_end};
 use super::writer::{Buf, Shared, Spare, wait_while};
@@ -326,7 +326,7 @@ fn snapshot(shared: &Shared, source: &dyn Source, keeper: &mut Keeper) -> io::Re
         }
         (
             old,
-            spares_needed(&b, shared.file_size).saturating_sub(b.spares.len()),
+            spares_kept(&b, shared.file_size).saturating_sub(b.spares.len()),
         )
     };
     let mut recycled = Vec::new();

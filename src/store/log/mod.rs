@@ -392,7 +392,7 @@ pub fn open(options: Options, clock: Clock) -> Result<DurableStore, String> {
                 .open(path);
             match opened {
                 Ok(file)
-                    if b.spares.len() < append::spares_needed(&b, shared.file_size)
+                    if b.spares.len() < append::spares_kept(&b, shared.file_size)
                         && reusable(&file, got.log_end) =>
                 {
                     b.spares.push_back(Spare {
