@@ -326,7 +326,7 @@ impl Shared {
         }
         let records = written_records(self, upto);
         let mut emptied = Vec::new();
-        let opened = match write(self, &mut file.1, chunks, &mut emptied) {
+        let opened = match write(self, &mut file.1, chunks, upto, &mut emptied) {
             Ok(opened) => {
                 if let Some(number) = opened {
                     file.0 = number;
@@ -715,10 +715,19 @@ fn write(
     shared: &Shared,
     current: &mut Arc<File>,
     chunks: Vec<Chunk>,
+    upto: u64,
     emptied: &mut Vec<Vec<u8>>,
 ) -> Result<Option<u64>, (&'static str, io::Error)> {
     let mut opened = None;
-    for mut chunk in chunks {
+    // Each chunk's last record: the one before the next chunk's first, and
+    // for the last chunk the last record taken (`upto`).
+    let ends: Vec<u64> = chunks
+        .iter()
+        .skip(1)
+        .map(|c| c.first - 1)
+        .chain([upto])
+        .collect();
+    for (mut chunk, end) in chunks.into_iter().zip(ends) {
         match chunk.opens.take() {
             None => {
                 current
@@ -756,10 +765,16 @@ fn write(
                     .map_err(|e| ("directory sync", e))?;
                 *current = Arc::new(spare.file);
                 opened = Some(chunk.number);
-                let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
-                if let (Some(file), Some(says)) = (head.as_mut(), chunk.head) {
-                    file.write(&says).map_err(|e| ("head file write", e))?;
+                {
+                    let mut head = shared.head.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let (Some(file), Some(says)) = (head.as_mut(), chunk.head) {
+                        file.write(&says).map_err(|e| ("head file write", e))?;
+                    }
                 }
+                // The new file's records are synced and it has its name on
+                // disk: they are safe, without the sync of the writer's
+                // next turn (about 0.1 ms more for every begin's replies).
+                let _ = shared.publish_synced(chunk.number, current, end);
             }
         }
         chunk.bytes.clear();
@@ -839,7 +854,7 @@ mod tests {
     /// Queues records 1 and 2 at the start of log file 1, and record 3
     /// opening log file 2 in a spare; `gone` removes the spare's name
     /// (its rename then fails) or log file 1's.
-    fn begin_with(dir: &std::path::Path, gone: &str) -> Shared {
+    fn begin_with(dir: &std::path::Path, gone: Option<&str>) -> Shared {
         let shared = log_in(dir, true);
         let path = dir.join("spare.1");
         let file = fs::OpenOptions::new()
@@ -863,8 +878,24 @@ mod tests {
             b.chunks.push(chunk(1, 1, None));
             b.chunks.push(chunk(2, 3, Some(Spare { path, file })));
         }
-        fs::remove_file(dir.join(gone)).unwrap();
+        if let Some(gone) = gone {
+            fs::remove_file(dir.join(gone)).unwrap();
+        }
         shared
+    }
+
+    /// A begun log file's records are synced, and its name is on disk,
+    /// before the write is over: they are answered then, with no sync
+    /// after it.
+    #[test]
+    fn records_in_a_new_log_file_are_safe_once_it_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = begin_with(dir.path(), None);
+        assert!(shared.flush());
+        let marks = shared.marks.borrow().clone();
+        assert!(marks.failed.is_none());
+        assert_eq!((marks.written, marks.synced), (3, 3));
+        assert!(log_path(dir.path(), 2).exists());
     }
 
     /// Beginning a new log file takes three syncs after the old file's;
@@ -873,7 +904,7 @@ mod tests {
     #[test]
     fn records_before_a_new_log_file_are_safe_once_the_old_file_is_synced() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = begin_with(dir.path(), "spare.1");
+        let shared = begin_with(dir.path(), Some("spare.1"));
         assert!(!shared.flush(), "the new file cannot be named");
         let marks = shared.marks.borrow().clone();
         assert!(marks.failed.is_some_and(|why| why.contains("rename")));
@@ -886,7 +917,7 @@ mod tests {
     #[test]
     fn records_in_a_log_file_removed_before_a_new_one_began_are_not_answered() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = begin_with(dir.path(), &format!("log.{:016x}", 1));
+        let shared = begin_with(dir.path(), Some(&format!("log.{:016x}", 1)));
         assert!(shared.flush());
         assert!(shared.sync().is_err());
         let marks = shared.marks.borrow().clone();
