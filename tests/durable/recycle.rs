@@ -162,11 +162,11 @@ async fn a_small_queue_s_log_files_go_round_without_new_ones() {
     // steady put/delete cycles, each begin's snapshot frees the file just
     // ended, which comes back as a spare: once warm, no spare is made anew.
     let dir = tempfile::tempdir().expect("a data directory");
-    let daemon = Daemon::durable(dir.path(), &["-s", "65536"]).await;
+    let mut daemon = Daemon::durable(dir.path(), &["-s", "65536"]).await;
     let mut c = daemon.client().await;
     let mut live = std::collections::VecDeque::new();
     for _ in 0..20 {
-        live.push_back(c.put_ok(0, 3600, 60, &[b'x'; 100]).await);
+        live.push_back(c.put_ok(0, 3600, 60, &[b'y'; 100]).await);
     }
     // About 340 cycles fill a file: 50 at a time, a begin every seven
     // rounds or so.
@@ -208,6 +208,16 @@ async fn a_small_queue_s_log_files_go_round_without_new_ones() {
          files: {made:?}"
     );
     assert_eq!(c.stats().await.num("current-jobs-delayed"), 20);
+    // Every log file and spare here has had an earlier life: a kill
+    // leaves the live jobs, and nothing of those lives, to a restart.
+    daemon.kill();
+    let daemon = Daemon::durable(dir.path(), &["-s", "65536"]).await;
+    let mut c = daemon.client().await;
+    assert_eq!(c.stats().await.num("current-jobs-delayed"), 20);
+    for id in &live {
+        let job = c.found(&format!("peek {id}")).await;
+        assert_eq!(job.body, b"y".repeat(100), "job {id}'s body");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
