@@ -11,8 +11,10 @@
 //! takes: remains that begin exactly where an old record began (a whole
 //! record with an older number) and remains that begin in the middle of one.
 
+use std::collections::VecDeque;
 use std::path::Path;
 
+use crate::common::Client;
 use crate::common::daemon::Daemon;
 use crate::{frames, log_files};
 
@@ -154,6 +156,28 @@ fn fresh_spares(dir: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
         .collect()
 }
 
+/// `n` put/delete cycles, pipelined: `n` puts of `body`, whose ids join
+/// `live`, then deletes of the `n` oldest jobs in it.
+async fn cycles(c: &mut Client, live: &mut VecDeque<u64>, body: &str, n: usize) {
+    let put = format!("put 0 3600 60 {}\r\n{body}\r\n", body.len());
+    c.send(put.repeat(n).as_bytes()).await;
+    for _ in 0..n {
+        let reply = c.line().await;
+        let id = reply
+            .strip_prefix("INSERTED ")
+            .unwrap_or_else(|| panic!("a put got {reply:?}"));
+        live.push_back(id.parse().expect("an id"));
+    }
+    let deletes: String = live
+        .drain(..n)
+        .map(|id| format!("delete {id}\r\n"))
+        .collect();
+    c.send(deletes.as_bytes()).await;
+    for _ in 0..n {
+        assert_eq!(c.line().await, "DELETED");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_queue_s_log_files_go_round_without_new_ones() {
     // Every new file is zero-filled and synced, and every removed one is,
@@ -164,7 +188,7 @@ async fn a_small_queue_s_log_files_go_round_without_new_ones() {
     let dir = tempfile::tempdir().expect("a data directory");
     let mut daemon = Daemon::durable(dir.path(), &["-s", "65536"]).await;
     let mut c = daemon.client().await;
-    let mut live = std::collections::VecDeque::new();
+    let mut live = VecDeque::new();
     for _ in 0..20 {
         live.push_back(c.put_ok(0, 3600, 60, &[b'y'; 100]).await);
     }
@@ -174,23 +198,7 @@ async fn a_small_queue_s_log_files_go_round_without_new_ones() {
     let mut made = std::collections::BTreeSet::new();
     let first_file = log_files(dir.path()).last().cloned();
     for round in 0..300 {
-        let put = format!("put 0 3600 60 100\r\n{}\r\n", "y".repeat(100));
-        c.send(put.repeat(50).as_bytes()).await;
-        for _ in 0..50 {
-            let reply = c.line().await;
-            let id = reply
-                .strip_prefix("INSERTED ")
-                .unwrap_or_else(|| panic!("a put got {reply:?}"));
-            live.push_back(id.parse::<u64>().expect("an id"));
-        }
-        let deletes: String = live
-            .drain(..50)
-            .map(|id| format!("delete {id}\r\n"))
-            .collect();
-        c.send(deletes.as_bytes()).await;
-        for _ in 0..50 {
-            assert_eq!(c.line().await, "DELETED");
-        }
+        cycles(&mut c, &mut live, &"y".repeat(100), 50).await;
         // Warm after a hundred rounds (about fifteen begins): a fresh
         // spare made before then may still be waiting for its turn.
         let fresh = fresh_spares(dir.path());
@@ -231,7 +239,7 @@ async fn the_room_for_a_snapshot_is_left_alone_while_the_disk_has_room() {
     let daemon = Daemon::durable(dir.path(), &["-s", "1048576"]).await;
     let mut c = daemon.client().await;
     let body = "y".repeat(1000);
-    let mut live = std::collections::VecDeque::new();
+    let mut live = VecDeque::new();
     for _ in 0..20 {
         live.push_back(c.put_ok(0, 3600, 60, body.as_bytes()).await);
     }
@@ -242,23 +250,7 @@ async fn the_room_for_a_snapshot_is_left_alone_while_the_disk_has_room() {
     let mut seen_snapshots = std::collections::BTreeSet::new();
     // About a thousand cycles fill a file: ten rounds of 100.
     for round in 0..120 {
-        let put = format!("put 0 3600 60 {}\r\n{body}\r\n", body.len());
-        c.send(put.repeat(100).as_bytes()).await;
-        for _ in 0..100 {
-            let reply = c.line().await;
-            let id = reply
-                .strip_prefix("INSERTED ")
-                .unwrap_or_else(|| panic!("a put got {reply:?}"));
-            live.push_back(id.parse::<u64>().expect("an id"));
-        }
-        let deletes: String = live
-            .drain(..100)
-            .map(|id| format!("delete {id}\r\n"))
-            .collect();
-        c.send(deletes.as_bytes()).await;
-        for _ in 0..100 {
-            assert_eq!(c.line().await, "DELETED");
-        }
+        cycles(&mut c, &mut live, &body, 100).await;
         if round < 30 {
             room_when_warm = room_made();
         } else {
