@@ -9,9 +9,9 @@
 //! (see `store/memory/replay.rs`), so commands never wait for it.
 //!
 //! It runs when a new log file begins and the bytes held for jobs that no
-//! longer exist (the garbage) are at least the live jobs' bytes and one
-//! file: the directory then holds the live jobs plus at most as much again,
-//! and a restart reads little more than the live jobs.
+//! longer exist (the garbage) are at least the live jobs' bytes and half a
+//! file (see `append`): the directory then holds the live jobs plus at most
+//! as much again, and a restart reads little more than the live jobs.
 //!
 //! When the disk is full, preparing a spare fails: puts are refused (the
 //! writer finds no room), the keeper says so once a second, and tries again
