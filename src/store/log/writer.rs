@@ -708,7 +708,10 @@ fn written_records(shared: &Shared, upto: u64) -> u64 {
 /// header and records written and synced, then its new name, then the
 /// directory synced, so a log file's name never outlives its data; then
 /// the head file names it, only now that the name is on disk, so the head
-/// never names a file a crash could leave unnamed.
+/// never names a file a crash could leave unnamed. Records are published
+/// as synced as soon as they are safe: those in the old file once it is
+/// synced, those in the new one once it is named (`upto` is the last
+/// record in `chunks`).
 ///
 /// Returns the number of the last log file it began, if it began one.
 fn write(
@@ -719,15 +722,11 @@ fn write(
     emptied: &mut Vec<Vec<u8>>,
 ) -> Result<Option<u64>, (&'static str, io::Error)> {
     let mut opened = None;
-    // Each chunk's last record: the one before the next chunk's first, and
-    // for the last chunk the last record taken (`upto`).
-    let ends: Vec<u64> = chunks
-        .iter()
-        .skip(1)
-        .map(|c| c.first - 1)
-        .chain([upto])
-        .collect();
-    for (mut chunk, end) in chunks.into_iter().zip(ends) {
+    let mut chunks = chunks.into_iter().peekable();
+    while let Some(mut chunk) = chunks.next() {
+        // Its last record: the one before the next chunk's first, or for
+        // the last chunk the last record taken.
+        let end = chunks.peek().map_or(upto, |next| next.first - 1);
         match chunk.opens.take() {
             None => {
                 current
