@@ -612,35 +612,13 @@ async fn client_connections_are_probed_by_tcp_keepalive() {
 /// ("failed printing to stderr"), or, once started, ignore both signals.
 #[tokio::test]
 async fn a_closed_log_pipe_neither_stops_the_server_nor_its_signals() {
-    let port = free_port();
-    let mut child = Command::new(BIN)
-        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "--in-memory"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn delayq");
-    drop(child.stderr.take());
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let limit = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "delayq exited: {:?}",
-            child.try_wait()
-        );
-        assert!(Instant::now() < limit, "delayq never listened");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut c = common::Client::connect(addr).await;
+    let mut daemon = Daemon::in_memory_with_closed_stderr().await;
+    let mut c = daemon.client().await;
     assert_eq!(c.put(0, 0, 60, b"x").await, "INSERTED 1");
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: signalling our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+    daemon.signal(libc::SIGUSR1);
     c.poll_yaml("stats", |y| y.get("draining") == "true").await;
     assert_eq!(c.put(0, 0, 60, b"y").await, "DRAINING");
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = common::daemon::wait_exit(&mut child, Duration::from_secs(5));
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait_exit();
     assert!(status.success(), "exit status after SIGTERM: {status}");
 }

@@ -108,7 +108,7 @@ impl Daemon {
         let path = dir.to_str().expect("a UTF-8 path");
         let mut with_dir = vec!["-b", path];
         with_dir.extend_from_slice(args);
-        Daemon::spawn_limited(&with_dir, None, None, Some(files)).await
+        Daemon::spawn_limited(&with_dir, None, Stderr::Away, Some(files)).await
     }
 
     /// [`Daemon::durable`], with the server's standard error written to
@@ -121,25 +121,24 @@ impl Daemon {
         let path = dir.to_str().expect("a UTF-8 path");
         let mut with_dir = vec!["-b", path];
         with_dir.extend_from_slice(args);
-        Daemon::spawn_to(&with_dir, None, Some(log)).await
+        Daemon::spawn_limited(&with_dir, None, Stderr::File(log), None).await
+    }
+
+    /// Starts the memory-only engine with its standard error a pipe whose
+    /// reader has gone (a `| logger` that died), so that every line it
+    /// logs meets a broken pipe.
+    pub async fn in_memory_with_closed_stderr() -> Daemon {
+        Daemon::spawn_limited(&["--in-memory"], None, Stderr::ClosedPipe, None).await
     }
 
     async fn spawn(args: &[&str], dir: Option<tempfile::TempDir>) -> Daemon {
-        Daemon::spawn_to(args, dir, None).await
-    }
-
-    async fn spawn_to(
-        args: &[&str],
-        dir: Option<tempfile::TempDir>,
-        log: Option<&std::path::Path>,
-    ) -> Daemon {
-        Daemon::spawn_limited(args, dir, log, None).await
+        Daemon::spawn_limited(args, dir, Stderr::Away, None).await
     }
 
     async fn spawn_limited(
         args: &[&str],
         dir: Option<tempfile::TempDir>,
-        log: Option<&std::path::Path>,
+        stderr: Stderr<'_>,
         open_files: Option<u64>,
     ) -> Daemon {
         let mut dir = dir;
@@ -166,19 +165,21 @@ impl Daemon {
                     });
                 }
             }
-            let child = command
+            let mut child = command
                 .args(["-l", "127.0.0.1", "-p", &port.to_string()])
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(match log {
-                    Some(path) => std::fs::File::create(path)
+                .stderr(match stderr {
+                    Stderr::File(path) => std::fs::File::create(path)
                         .map(Stdio::from)
                         .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display())),
-                    None => log_for(port),
+                    Stderr::Away => log_for(port),
+                    Stderr::ClosedPipe => Stdio::piped(),
                 })
                 .spawn()
                 .expect("spawn delayq");
+            drop(child.stderr.take());
             let mut daemon = Daemon {
                 child,
                 addr,
@@ -275,6 +276,17 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Where a started daemon's standard error goes.
+#[derive(Clone, Copy)]
+enum Stderr<'a> {
+    /// Away, or to `$DELAYQ_TEST_LOGS` (see [`log_for`]).
+    Away,
+    /// Into this file, for the test to read.
+    File(&'a std::path::Path),
+    /// Into a pipe whose reading end the test closes at once.
+    ClosedPipe,
 }
 
 /// Whether process `pid` listens on loopback `port`: the port's listening

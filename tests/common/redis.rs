@@ -26,6 +26,33 @@ impl RedisServer {
     /// Starts a fresh, empty server, with `extra` configuration directives
     /// such as `["--appendonly", "yes"]`.
     pub fn start(extra: &[&str]) -> RedisServer {
+        let mut server = RedisServer::new(extra);
+        if let Err(status) = server.spawn() {
+            panic!("redis-server exited during start-up: {status}");
+        }
+        server
+    }
+
+    /// [`RedisServer::start`], listening on a loopback TCP port as well
+    /// (for replicas to follow it), with that port. Another process may
+    /// take a free port first: then it tries another.
+    pub fn start_on_tcp(extra: &[&str]) -> (RedisServer, u16) {
+        let mut exited = None;
+        for _ in 0..5 {
+            let port = super::ports::free_port();
+            let port_arg = port.to_string();
+            let mut args = vec!["--port", &port_arg, "--bind", "127.0.0.1"];
+            args.extend_from_slice(extra);
+            let mut server = RedisServer::new(&args);
+            match server.spawn() {
+                Ok(()) => return (server, port),
+                Err(status) => exited = Some(status),
+            }
+        }
+        panic!("redis-server kept exiting during start-up: {exited:?}");
+    }
+
+    fn new(extra: &[&str]) -> RedisServer {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "delayq-test-{}-{}",
@@ -34,15 +61,13 @@ impl RedisServer {
         ));
         std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
         let socket = dir.join("redis.sock");
-        let mut server = RedisServer {
+        RedisServer {
             child: None,
             url: format!("redis+unix://{}", socket.display()),
             dir,
             socket,
             extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        server.spawn();
-        server
+        }
     }
 
     /// Kills the server with SIGKILL (no chance to save or clean up) and
@@ -57,7 +82,9 @@ impl RedisServer {
     /// after [`RedisServer::kill`]; it loads whatever it had persisted.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "redis-server is still running");
-        self.spawn();
+        if let Err(status) = self.spawn() {
+            panic!("redis-server exited during its restart: {status}");
+        }
     }
 
     /// The server's process id, while it runs.
@@ -75,7 +102,9 @@ impl RedisServer {
         assert_eq!(rc, 0, "kill({pid}, {sig})");
     }
 
-    fn spawn(&mut self) {
+    /// Starts the process and waits until it answers; its exit status if
+    /// it exits first.
+    fn spawn(&mut self) -> Result<(), std::process::ExitStatus> {
         let child = Command::new("redis-server")
             .args(["--port", "0", "--save", "", "--appendonly", "no"])
             .arg("--unixsocket")
@@ -93,10 +122,10 @@ impl RedisServer {
                 )
             });
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), std::process::ExitStatus> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(mut s) = std::os::unix::net::UnixStream::connect(&self.socket) {
@@ -106,11 +135,12 @@ impl RedisServer {
                     && s.read_exact(&mut pong).is_ok()
                     && &pong == b"+PONG\r\n"
                 {
-                    return;
+                    return Ok(());
                 }
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok()?) {
-                panic!("redis-server exited during start-up: {status}");
+                self.child = None;
+                return Err(status);
             }
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::daemon::{Daemon, free_port};
+use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 
 /// How long delayq is told to wait for a replica, in ms.
@@ -50,8 +50,8 @@ async fn waiting_for_a_replica(url: &str, ms: u64) -> Daemon {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_wait_acknowledges_a_put_only_once_a_replica_has_it() {
-    let port = free_port().to_string();
-    let primary = RedisServer::start(&["--port", &port, "--bind", "127.0.0.1"]);
+    let (primary, port) = RedisServer::start_on_tcp(&[]);
+    let port = port.to_string();
     let server = waiting_for_a_replica(&primary.url, WAIT_MS).await;
     let mut c = server.client().await;
 

@@ -29,6 +29,11 @@ mod env;
 #[path = "../common/redis.rs"]
 mod redis_server;
 
+// Free loopback ports, which the Redis harness needs for a server on TCP.
+#[allow(dead_code)]
+#[path = "../common/ports.rs"]
+mod ports;
+
 // The cluster harness: this crate only uses the shared cluster.
 #[allow(dead_code)]
 #[path = "../common/cluster.rs"]
