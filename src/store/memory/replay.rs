@@ -523,4 +523,42 @@ mod tests {
             "jobs fell due in only {due_moved} of 39 replays"
         );
     }
+
+    /// Every job is found by its key, and no deleted one, however large
+    /// the table that finds them has grown: it keeps part of each key's
+    /// hash to move its entries as it grows (a doubling at each power of
+    /// two here), and a lookup must find the entry by the full key.
+    #[test]
+    fn jobs_are_found_by_key_across_the_growth_of_their_table() {
+        let mut dice = Dice(0x2545_f491_4f6c_dd1d);
+        let mut s = State::new();
+        let body = [b'x'; 8];
+        // Keys far apart as well as neighbours, as server ids and imports
+        // give them.
+        let keys: Vec<u64> = (0..40_000u64)
+            .map(|n| if n % 7 == 0 { n << 33 | n } else { n + 1 })
+            .collect();
+        for (n, &key) in keys.iter().enumerate() {
+            let record = Record::Job(JobImage {
+                meta: meta(&mut dice, key),
+                name: None,
+                tube: "default",
+                ttr: 1_000_000,
+                created: 5_000_000,
+                body: &body,
+                options: Lifecycle::default(),
+            });
+            assert_eq!(s.apply(record), Applied::Done);
+            // Deletes among the puts, so that the table grows with holes.
+            if n % 3 == 2 {
+                assert_eq!(s.apply(Record::Delete(keys[n - 1])), Applied::Done);
+            }
+        }
+        for (n, &key) in keys.iter().enumerate() {
+            let deleted = n % 3 == 1;
+            let found = s.slot(key).map(|slot| s.jobs[slot].key);
+            assert_eq!(found, (!deleted).then_some(key), "key {key} (job {n})");
+        }
+        assert_eq!(s.slot(1 << 40), None);
+    }
 }
