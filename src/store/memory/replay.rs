@@ -206,7 +206,7 @@ impl State {
         if let Some(slot) = known {
             self.discard(slot);
         }
-        if let Some(slot) = name.as_ref().and_then(|n| self.names.get(n).copied()) {
+        if let Some(slot) = name.as_deref().and_then(|n| self.named(n)) {
             self.discard(slot);
         }
         self.next_key = self.next_key.max(key + 1);
@@ -524,10 +524,11 @@ mod tests {
         );
     }
 
-    /// Every job is found by its key, and no deleted one, however large
-    /// the table that finds them has grown: it keeps part of each key's
-    /// hash to move its entries as it grows (a doubling at each power of
-    /// two here), and a lookup must find the entry by the full key.
+    /// Every job is found by its key (or its client-chosen id), and no
+    /// deleted one, however large the tables that find them have grown:
+    /// they keep part of each hash to move their entries as they grow (a
+    /// doubling at each power of two here), and a lookup must find the
+    /// entry by the full key or id.
     #[test]
     fn jobs_are_found_by_key_across_the_growth_of_their_table() {
         let mut dice = Dice(0x2545_f491_4f6c_dd1d);
@@ -538,10 +539,14 @@ mod tests {
         let keys: Vec<u64> = (0..40_000u64)
             .map(|n| if n % 7 == 0 { n << 33 | n } else { n + 1 })
             .collect();
+        let names: Vec<String> = (0..keys.len())
+            .map(|n| format!("order-close:{n}"))
+            .collect();
+        let named = |n: usize| n % 5 == 0;
         for (n, &key) in keys.iter().enumerate() {
             let record = Record::Job(JobImage {
                 meta: meta(&mut dice, key),
-                name: None,
+                name: named(n).then_some(names[n].as_str()),
                 tube: "default",
                 ttr: 1_000_000,
                 created: 5_000_000,
@@ -558,7 +563,11 @@ mod tests {
             let deleted = n % 3 == 1;
             let found = s.slot(key).map(|slot| s.jobs[slot].key);
             assert_eq!(found, (!deleted).then_some(key), "key {key} (job {n})");
+            let by_name = s.named(&names[n]).map(|slot| s.jobs[slot].key);
+            let named_here = named(n) && !deleted;
+            assert_eq!(by_name, named_here.then_some(key), "{} (job {n})", names[n]);
         }
         assert_eq!(s.slot(1 << 40), None);
+        assert_eq!(s.named("order-close:none"), None);
     }
 }

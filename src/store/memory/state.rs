@@ -252,16 +252,19 @@ impl TubeState {
     }
 }
 
-/// An entry of the table that finds a job's slot by its key: the slot,
-/// and 32 bits of the key's hash. Kept, the hash saves a look at the job
-/// (a cache miss, in a pool of millions) for each entry the table moves
-/// as it grows, and for each entry in a lookup's group that is not the
-/// one sought. Each doubling of the table moves every entry: looking at
-/// every job for it, the doubling past 917,504 jobs held the server up
-/// 50 ms (a pipelined batch of 1,000 puts took that long, against 17 ms
-/// with the hash kept), and the doublings took a seventh of the time of a
-/// restart with a million jobs (a profile of one; 4 % of the restart's
-/// time went, in alternated runs).
+/// An entry of a table that finds a job's slot by its key (or by its
+/// client-chosen id): the slot, and 32 bits of the key's hash. Each
+/// doubling of a table moves every entry, and without the hash kept it
+/// looked at every job to hash it again (a cache miss each, in a pool of
+/// millions). A pipelined batch of 1,000 puts held up by the doubling past
+/// 917,504 jobs took 50 ms, 17 ms with the hash kept; with client ids
+/// (both tables doubling), 120 ms, 30 ms with both keeping it, and the
+/// server's memory for 1.1 million such jobs went from 329 to 307 MiB (the
+/// id table held a copy of each id's pointer). The doublings took a
+/// seventh of the time of a restart with a million jobs in a profile; 4 %
+/// of the restart's time went, in alternated runs. A lookup's check of the
+/// hash also saves a look at the job for each entry in its group that is
+/// not the one sought.
 #[derive(Clone, Copy)]
 struct Slotted {
     slot: u32,
@@ -286,8 +289,10 @@ pub struct State {
     /// and the key's hash (see [`Slotted`]); the key is read from the job.
     slots: HashTable<Slotted>,
     hasher: DefaultHashBuilder,
-    /// Client-chosen id -> slot.
-    pub(super) names: HashMap<Arc<str>, Slot>,
+    /// The slot of every job with a client-chosen id, found by the id: as
+    /// `slots`, the table holds the slot and the id's hash, and the id is
+    /// read from the job.
+    names: HashTable<Slotted>,
     /// In creation order, which `list-tubes` reports.
     pub(super) tubes: IndexMap<Tube, TubeState>,
     /// Tubes removed from `tubes`, ever.
@@ -374,7 +379,7 @@ impl State {
             jobs: Slab::new(),
             slots: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
-            names: HashMap::new(),
+            names: HashTable::new(),
             tubes,
             tubes_gone: 0,
             tubes_listed: Mutex::new(None),
@@ -422,8 +427,24 @@ impl State {
     pub(super) fn slot_of(&self, id: &JobId) -> Option<Slot> {
         match id {
             JobId::Server(n) => self.slot(*n).filter(|&s| self.jobs[s].name.is_none()),
-            JobId::Client(name) => self.names.get(name).copied(),
+            JobId::Client(name) => self.named(name),
         }
+    }
+
+    /// The hash of a client-chosen id, in the 32 bits a [`Slotted`] keeps.
+    fn name_hash(&self, name: &str) -> u32 {
+        self.hasher.hash_one(name) as u32
+    }
+
+    /// The slot of the job with this client-chosen id.
+    pub(super) fn named(&self, name: &str) -> Option<Slot> {
+        let jobs = &self.jobs;
+        let hash = self.name_hash(name);
+        self.names
+            .find(Slotted::spread(hash), |s| {
+                s.hash == hash && jobs[s.slot as usize].name.as_deref() == Some(name)
+            })
+            .map(|s| s.slot as Slot)
     }
 
     /// The slot of an indexed job.
@@ -453,7 +474,7 @@ impl State {
         if let Some(at) = job.expiry().filter(|_| self.replay.is_none()) {
             self.expiries.insert((at, key));
         }
-        let name = job.name.clone();
+        let name_hash = job.name.as_deref().map(|name| self.name_hash(name));
         let slot = self.jobs.insert(job);
         let hash = self.hash(key);
         // A slab of more than 4 billion jobs would not fit in memory anyway.
@@ -462,8 +483,11 @@ impl State {
             .insert_unique(Slotted::spread(hash), Slotted { slot: slot32, hash }, |s| {
                 Slotted::spread(s.hash)
             });
-        if let Some(name) = name {
-            self.names.insert(name, slot);
+        if let Some(hash) = name_hash {
+            self.names
+                .insert_unique(Slotted::spread(hash), Slotted { slot: slot32, hash }, |s| {
+                    Slotted::spread(s.hash)
+                });
         }
         slot
     }
@@ -481,11 +505,16 @@ impl State {
         {
             entry.remove();
         }
-        let job = self.jobs.remove(slot);
-        if let Some(name) = &job.name {
-            self.names.remove(name);
+        if let Some(name) = self.jobs[slot].name.as_deref() {
+            let hash = self.name_hash(name);
+            if let Ok(entry) = self
+                .names
+                .find_entry(Slotted::spread(hash), |s| s.slot as Slot == slot)
+            {
+                entry.remove();
+            }
         }
-        job
+        self.jobs.remove(slot)
     }
 
     /// Lists `tube` in `soonest` under the due time of its first delayed

@@ -68,7 +68,7 @@ impl State {
         log: &mut impl Journal,
     ) -> StoreResult<Put> {
         if let Some(name) = &new.id
-            && (self.names.contains_key(name) || self.taken.get(name).is_some_and(|&u| u > now))
+            && (self.named(name).is_some() || self.taken.get(name).is_some_and(|&u| u > now))
         {
             return Ok(Put {
                 outcome: PutOutcome::Exists(JobId::Client(name.clone())),
@@ -136,7 +136,7 @@ impl State {
         }
         let (key, name) = match &whole.id {
             JobId::Client(name) => {
-                if self.names.contains_key(name) || self.taken.get(name).is_some_and(|&u| u > now) {
+                if self.named(name).is_some() || self.taken.get(name).is_some_and(|&u| u > now) {
                     return Ok(PutOutcome::Exists(whole.id));
                 }
                 (self.next_key, Some(name.clone()))
