@@ -542,7 +542,7 @@ mod tests {
         let names: Vec<String> = (0..keys.len())
             .map(|n| format!("order-close:{n}"))
             .collect();
-        let named = |n: usize| n % 5 == 0;
+        let named = |n: usize| n.is_multiple_of(5);
         for (n, &key) in keys.iter().enumerate() {
             let record = Record::Job(JobImage {
                 meta: meta(&mut dice, key),
