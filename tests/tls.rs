@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, finish_piped, free_port, spawn_piped};
+use common::daemon::{Daemon, finish_piped, spawn_piped};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -95,21 +95,15 @@ struct Server {
 /// Starts delayq with TLS on `cert` and the `extra` flags, and waits for
 /// the HTTP port too if `http`.
 async fn start(cert: &Cert, extra: &[&str], http: bool) -> Server {
-    let http = http.then(|| SocketAddr::from(([127, 0, 0, 1], free_port())));
     let mut args = cert.flags();
     args.extend(extra.iter().map(|a| a.to_string()));
-    if let Some(at) = http {
-        args.extend(["--http".into(), at.to_string()]);
-    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let daemon = Daemon::start(&args).await;
-    if let Some(at) = http {
-        let start = Instant::now();
-        while TcpStream::connect(at).await.is_err() {
-            assert!(start.elapsed() < LIMIT, "HTTP never listened on {at}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
+    let daemon = if http {
+        Daemon::start_with_http(&args).await
+    } else {
+        Daemon::start(&args).await
+    };
+    let http = daemon.http;
     Server { daemon, http }
 }
 

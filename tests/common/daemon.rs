@@ -56,6 +56,8 @@ async fn round_trip(addr: SocketAddr) -> bool {
 pub struct Daemon {
     pub child: Child,
     pub addr: SocketAddr,
+    /// Its HTTP listener (`--http`), if it was started with one.
+    pub http: Option<SocketAddr>,
     /// The scratch data directory a durable daemon got when its test named
     /// none; removed after the process is gone.
     _dir: Option<tempfile::TempDir>,
@@ -67,6 +69,16 @@ impl Daemon {
     /// directory of its own unless `args` name one (or `--in-memory`): the
     /// default, `./delayq-data`, would be shared by every test.
     pub async fn start(args: &[&str]) -> Daemon {
+        Daemon::start_with(args, false).await
+    }
+
+    /// [`Daemon::start`] with an HTTP listener (`--http`) as well, on a
+    /// port of its own, in [`Daemon::http`]: it waits for both to listen.
+    pub async fn start_with_http(args: &[&str]) -> Daemon {
+        Daemon::start_with(args, true).await
+    }
+
+    async fn start_with(args: &[&str], http: bool) -> Daemon {
         let chosen = args.iter().any(|a| {
             [
                 "--redis",
@@ -79,13 +91,13 @@ impl Daemon {
             .contains(a)
         });
         if chosen {
-            return Daemon::spawn(args, None).await;
+            return Daemon::spawn_limited(args, None, Stderr::Away, None, http).await;
         }
         let dir = tempfile::tempdir().expect("a scratch data directory");
         let path = dir.path().to_str().expect("a UTF-8 temp path").to_string();
         let mut with_dir = vec!["-b", &path];
         with_dir.extend_from_slice(args);
-        Daemon::spawn(&with_dir, Some(dir)).await
+        Daemon::spawn_limited(&with_dir, Some(dir), Stderr::Away, None, http).await
     }
 
     /// Starts the durable engine on the data directory `dir`, which the
@@ -97,9 +109,9 @@ impl Daemon {
         Daemon::spawn(&with_dir, None).await
     }
 
-    /// [`Daemon::durable`] in a process that may open at most `files`
-    /// files (its soft and hard limits both), for a test of what happens
-    /// when the descriptors run out.
+    /// [`Daemon::durable`] with an HTTP listener, in a process that may
+    /// open at most `files` files (its soft and hard limits both), for a
+    /// test of what happens when the descriptors run out.
     pub async fn durable_with_open_files(
         dir: &std::path::Path,
         args: &[&str],
@@ -108,7 +120,7 @@ impl Daemon {
         let path = dir.to_str().expect("a UTF-8 path");
         let mut with_dir = vec!["-b", path];
         with_dir.extend_from_slice(args);
-        Daemon::spawn_limited(&with_dir, None, Stderr::Away, Some(files)).await
+        Daemon::spawn_limited(&with_dir, None, Stderr::Away, Some(files), true).await
     }
 
     /// [`Daemon::durable`], with the server's standard error written to
@@ -121,18 +133,18 @@ impl Daemon {
         let path = dir.to_str().expect("a UTF-8 path");
         let mut with_dir = vec!["-b", path];
         with_dir.extend_from_slice(args);
-        Daemon::spawn_limited(&with_dir, None, Stderr::File(log), None).await
+        Daemon::spawn_limited(&with_dir, None, Stderr::File(log), None, false).await
     }
 
     /// Starts the memory-only engine with its standard error a pipe whose
     /// reader has gone (a `| logger` that died), so that every line it
     /// logs meets a broken pipe.
     pub async fn in_memory_with_closed_stderr() -> Daemon {
-        Daemon::spawn_limited(&["--in-memory"], None, Stderr::ClosedPipe, None).await
+        Daemon::spawn_limited(&["--in-memory"], None, Stderr::ClosedPipe, None, false).await
     }
 
     async fn spawn(args: &[&str], dir: Option<tempfile::TempDir>) -> Daemon {
-        Daemon::spawn_limited(args, dir, Stderr::Away, None).await
+        Daemon::spawn_limited(args, dir, Stderr::Away, None, false).await
     }
 
     async fn spawn_limited(
@@ -140,13 +152,16 @@ impl Daemon {
         dir: Option<tempfile::TempDir>,
         stderr: Stderr<'_>,
         open_files: Option<u64>,
+        http: bool,
     ) -> Daemon {
         let mut dir = dir;
-        // Another test may take the free port first: then try another.
+        // Another test may take a free port first: then try others.
         let mut exited = None;
         for _ in 0..5 {
             let port = free_port();
             let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let http = http.then(|| SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
+            let http_arg = http.map(|at| at.to_string());
             let mut command = Command::new(BIN);
             if let Some(files) = open_files {
                 let limit = libc::rlimit {
@@ -168,6 +183,7 @@ impl Daemon {
             let mut child = command
                 .args(["-l", "127.0.0.1", "-p", &port.to_string()])
                 .args(args)
+                .args(http_arg.iter().flat_map(|at| ["--http", at.as_str()]))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(match stderr {
@@ -183,6 +199,7 @@ impl Daemon {
             let mut daemon = Daemon {
                 child,
                 addr,
+                http,
                 _dir: dir.take(),
             };
             // Nothing to await but the port opening: poll for it. Whose
@@ -192,7 +209,8 @@ impl Daemon {
             // once put into each other's data directories).
             let start = Instant::now();
             loop {
-                if listens(daemon.child.id(), port) {
+                let pid = daemon.child.id();
+                if listens(pid, port) && http.is_none_or(|at| listens(pid, at.port())) {
                     return daemon;
                 }
                 if let Some(status) = daemon.child.try_wait().expect("try_wait") {

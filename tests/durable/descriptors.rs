@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::common::daemon::{Daemon, free_port};
+use crate::common::daemon::Daemon;
 use crate::reserve_all;
 
 /// The server's open-file limit in this test: small enough for a test to
@@ -34,11 +34,9 @@ async fn clients_using_every_descriptor_leave_the_log_its_files() {
     // This process holds its side of every connection too.
     delayq::server::raise_fd_limit();
     let dir = tempfile::tempdir().unwrap();
-    let http_port = free_port();
-    let http = format!("127.0.0.1:{http_port}");
     // Small log files, so the puts below begin several.
-    let args = ["-s", "65536", "--http", &http];
-    let mut daemon = Daemon::durable_with_open_files(dir.path(), &args, FILES).await;
+    let mut daemon = Daemon::durable_with_open_files(dir.path(), &["-s", "65536"], FILES).await;
+    let http_port = daemon.http.expect("an HTTP listener").port();
     let mut producer = daemon.client().await;
     assert_eq!(producer.cmd("use work").await, "USING work");
 

@@ -9,7 +9,7 @@
 //! otherwise. The tests that watch memory run the real binary, whose RSS
 //! is its own; the rest run in-process.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::daemon::{Daemon, free_port};
+use crate::common::daemon::Daemon;
 use crate::common::redis::RedisServer;
 use crate::common::{Backend, Client, REPLY_TIMEOUT, TestServer};
 
@@ -104,15 +104,13 @@ async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
 /// The real binary on `backend` with its HTTP front end, for the tests
 /// that watch its memory; the Redis it runs on, if any, is kept with it.
 async fn daemon(backend: Backend) -> (Daemon, SocketAddr, Option<RedisServer>) {
-    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let at = http.to_string();
     let mut redis = None;
     let daemon = match backend {
-        Backend::Memory => Daemon::start(&["--in-memory", "--http", &at]).await,
-        Backend::Durable => Daemon::start(&["--http", &at]).await,
+        Backend::Memory => Daemon::start_with_http(&["--in-memory"]).await,
+        Backend::Durable => Daemon::start_with_http(&[]).await,
         Backend::Redis => {
             let r = RedisServer::start(&[]);
-            let d = Daemon::start(&["--redis", &r.url, "--http", &at]).await;
+            let d = Daemon::start_with_http(&["--redis", &r.url]).await;
             redis = Some(r);
             d
         }
@@ -121,14 +119,10 @@ async fn daemon(backend: Backend) -> (Daemon, SocketAddr, Option<RedisServer>) {
                 .await
                 .expect("start the shared cluster");
             let prefix = crate::common::cluster::unique_prefix();
-            let args = ["--redis-cluster", seeds, "--redis-prefix", &prefix];
-            Daemon::start(&[&args[..], &["--http", &at]].concat()).await
+            Daemon::start_with_http(&["--redis-cluster", seeds, "--redis-prefix", &prefix]).await
         }
     };
-    crate::eventually("the HTTP port opens", REPLY_TIMEOUT, async || {
-        TcpStream::connect(http).await.is_ok()
-    })
-    .await;
+    let http = daemon.http.expect("an HTTP listener");
     (daemon, http, redis)
 }
 
